@@ -1,0 +1,20 @@
+#include "cli/commands.h"
+
+#include <functional>
+
+namespace sd::cli {
+
+int run(int argc, char** argv) {
+  CLI::App app{"sdtrain: train and run Stable Diffusion (diffusers layout), natively"};
+  app.require_subcommand(1);
+  std::function<int()> chosen;
+  // Each add_* registers one subcommand and sets `chosen` when it is parsed.
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  return chosen ? chosen() : 0;
+}
+
+}  // namespace sd::cli

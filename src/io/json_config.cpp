@@ -1,0 +1,84 @@
+#include "io/json_config.h"
+
+#include "io/atomic_file.h"
+
+namespace sd::io {
+
+using nlohmann::json;
+
+JsonConfig::JsonConfig(json root, std::string source) : root_(std::move(root)), source_(std::move(source)) {
+  SD_CHECK(root_.is_object(), "{}: expected a JSON object", source_);
+}
+
+JsonConfig JsonConfig::load(const std::filesystem::path& path) {
+  SD_CHECK(std::filesystem::exists(path), "{}: missing file", path.string());
+  const std::string text = read_text_file(path);
+  json root;
+  try {
+    root = json::parse(text);
+  } catch (const json::exception& e) {
+    fail("{}: invalid JSON ({})", path.string(), e.what());
+  }
+  return JsonConfig(std::move(root), path.string());
+}
+
+void JsonConfig::fail_key(const std::string& key, const std::string& expected) const {
+  fail("{}: key '{}' must be {}, got {}", source_, key, expected, root_.contains(key) ? root_[key].dump() : "nothing");
+}
+
+template <>
+int64_t JsonConfig::convert<int64_t>(const std::string& key, const json& value) const {
+  // 1.0 is accepted as an integer: Python writes floats for some integral keys.
+  if (value.is_number_integer()) return value.get<int64_t>();
+  if (value.is_number_float() && value.get<double>() == static_cast<double>(static_cast<int64_t>(value.get<double>())))
+    return static_cast<int64_t>(value.get<double>());
+  fail_key(key, "an integer");
+}
+
+template <>
+int JsonConfig::convert<int>(const std::string& key, const json& value) const {
+  return static_cast<int>(convert<int64_t>(key, value));
+}
+
+template <>
+double JsonConfig::convert<double>(const std::string& key, const json& value) const {
+  if (!value.is_number()) fail_key(key, "a number");
+  return value.get<double>();
+}
+
+template <>
+bool JsonConfig::convert<bool>(const std::string& key, const json& value) const {
+  if (!value.is_boolean()) fail_key(key, "true or false");
+  return value.get<bool>();
+}
+
+template <>
+std::string JsonConfig::convert<std::string>(const std::string& key, const json& value) const {
+  if (!value.is_string()) fail_key(key, "a string");
+  return value.get<std::string>();
+}
+
+template <>
+std::vector<int64_t> JsonConfig::convert<std::vector<int64_t>>(const std::string& key, const json& value) const {
+  if (!value.is_array()) fail_key(key, "a list of integers");
+  std::vector<int64_t> out;
+  for (const auto& v : value) {
+    if (!v.is_number_integer()) fail_key(key, "a list of integers");
+    out.push_back(v.get<int64_t>());
+  }
+  return out;
+}
+
+template <>
+std::vector<std::string> JsonConfig::convert<std::vector<std::string>>(const std::string& key,
+                                                                      const json& value) const {
+  if (!value.is_array()) fail_key(key, "a list of strings");
+  std::vector<std::string> out;
+  for (const auto& v : value) {
+    if (!v.is_string()) fail_key(key, "a list of strings");
+    out.push_back(v.get<std::string>());
+  }
+  return out;
+}
+
+}  // namespace sd::io

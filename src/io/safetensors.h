@@ -1,0 +1,63 @@
+// The safetensors format: u64-LE header length, a JSON header {name: {dtype, shape, data_offsets}, __metadata__},
+// then raw little-endian tensor data. Reading validates the header completely before touching any data and reads
+// each tensor straight into its own storage (no second copy of the file in memory).
+#pragma once
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace sd::io {
+
+struct TensorEntry {
+  at::ScalarType dtype;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0;  // byte offsets inside the data section
+  uint64_t end = 0;
+};
+
+// An opened, validated safetensors file. Tensors are read on demand.
+class SafeTensorsFile {
+ public:
+  explicit SafeTensorsFile(std::filesystem::path path);
+  ~SafeTensorsFile();
+  SafeTensorsFile(const SafeTensorsFile&) = delete;
+  SafeTensorsFile& operator=(const SafeTensorsFile&) = delete;
+
+  const std::filesystem::path& path() const { return path_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // Tensor names in data order.
+  const std::vector<std::string>& names() const { return names_; }
+  bool contains(const std::string& name) const { return entries_.count(name) > 0; }
+  const TensorEntry& entry(const std::string& name) const;
+  // Reads one tensor in its stored dtype.
+  at::Tensor read(const std::string& name) const;
+
+ private:
+  std::filesystem::path path_;
+  int fd_ = -1;
+  uint64_t data_start_ = 0;
+  std::map<std::string, std::string> metadata_;
+  std::map<std::string, TensorEntry> entries_;
+  std::vector<std::string> names_;
+};
+
+using TensorMap = std::map<std::string, at::Tensor>;
+
+// Reads every tensor of a file in its stored dtype.
+TensorMap load_safetensors(const std::filesystem::path& path);
+
+// Writes tensors (made contiguous, on CPU) atomically. Tensors are laid out the way the safetensors
+// reference writer does: by dtype alignment (largest first), then by name; the header is padded to 8 bytes.
+void save_safetensors(const std::filesystem::path& path, const TensorMap& tensors,
+                      const std::map<std::string, std::string>& metadata = {{"format", "pt"}});
+
+// "F32" <-> at::kFloat, ...; an unknown name throws sd::Error.
+at::ScalarType dtype_from_safetensors(const std::string& name);
+std::string dtype_to_safetensors(at::ScalarType dtype);
+
+}  // namespace sd::io

@@ -1,0 +1,28 @@
+// Loading and saving module weights by their diffusers/transformers names. Loading is strict: every parameter and
+// buffer of the module must be in the file with the right shape, and the file may hold nothing else.
+#pragma once
+#include <torch/nn/module.h>
+
+#include <filesystem>
+
+#include "io/safetensors.h"
+
+namespace sd::models {
+
+// Copies every tensor of `file` into the module parameter/buffer of the same name, converted to the module's
+// dtype (so F16/BF16 files load into float32 modules and the reverse). Throws one sd::Error line listing the
+// missing, unexpected and mis-shaped keys, naming the file.
+void load_weights(torch::nn::Module& module, const io::SafeTensorsFile& file);
+void load_weights(torch::nn::Module& module, const std::filesystem::path& path);
+
+// Every parameter and buffer by name (detached, as stored).
+io::TensorMap named_weights(const torch::nn::Module& module);
+
+// Writes named_weights(module) as safetensors, converted to `dtype` (kUndefined keeps each tensor's dtype).
+void save_weights(const torch::nn::Module& module, const std::filesystem::path& path,
+                  at::ScalarType dtype = at::ScalarType::Undefined);
+
+// Number of parameter elements (buffers excluded), for `inspect` and logs.
+int64_t parameter_count(const torch::nn::Module& module);
+
+}  // namespace sd::models
