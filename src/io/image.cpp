@@ -1,0 +1,144 @@
+#include "io/image.h"
+
+#include <stb_image.h>
+#include <stb_image_write.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "io/atomic_file.h"
+
+namespace sd::io {
+
+namespace fs = std::filesystem;
+
+RgbImage load_image_rgb(const fs::path& path) {
+  SD_CHECK(fs::exists(path), "{}: image file not found", path.string());
+  int width = 0, height = 0, channels = 0;
+  uint8_t* data = stbi_load(path.c_str(), &width, &height, &channels, 3);
+  SD_CHECK(data != nullptr, "{}: cannot decode image ({}); expected a valid JPEG, PNG or BMP file", path.string(),
+           stbi_failure_reason() ? stbi_failure_reason() : "unknown reason");
+  RgbImage image{width, height, std::vector<uint8_t>(data, data + static_cast<size_t>(width) * height * 3)};
+  stbi_image_free(data);
+  return image;
+}
+
+RgbImage center_crop_square(const RgbImage& image) {
+  const int side = std::min(image.width, image.height);
+  const int top = (image.height - side) / 2;
+  const int left = (image.width - side) / 2;
+  RgbImage out{side, side, std::vector<uint8_t>(static_cast<size_t>(side) * side * 3)};
+  for (int y = 0; y < side; ++y)
+    std::copy_n(image.row(top + y) + left * 3, side * 3, out.row(y));
+  return out;
+}
+
+namespace {
+
+// PIL's fixed-point resampling: coefficients carry 32 - 8 - 2 = 22 fractional bits.
+constexpr int kPrecisionBits = 22;
+
+double bicubic_filter(double x) {
+  constexpr double a = -0.5;
+  x = std::fabs(x);
+  if (x < 1.0) return ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0;
+  if (x < 2.0) return (((x - 5.0) * x + 8.0) * x - 4.0) * a;
+  return 0.0;
+}
+
+// For every output position: the first input index and the fixed-point weights of the inputs it reads.
+struct Coefficients {
+  std::vector<int> first;
+  std::vector<std::vector<int32_t>> weights;
+};
+
+Coefficients resample_coefficients(int in_size, int out_size) {
+  constexpr double support_at_scale_1 = 2.0;
+  const double scale = static_cast<double>(in_size) / out_size;
+  const double filter_scale = std::max(scale, 1.0);
+  const double support = support_at_scale_1 * filter_scale;
+  Coefficients c;
+  for (int xx = 0; xx < out_size; ++xx) {
+    const double center = (xx + 0.5) * scale;
+    const int xmin = std::max(static_cast<int>(center - support + 0.5), 0);
+    const int xmax = std::min(static_cast<int>(center + support + 0.5), in_size);
+    std::vector<double> w;
+    double total = 0.0;
+    for (int x = xmin; x < xmax; ++x) {
+      w.push_back(bicubic_filter((x - center + 0.5) / filter_scale));
+      total += w.back();
+    }
+    std::vector<int32_t> fixed;
+    for (double v : w) {
+      const double normalized = total != 0.0 ? v / total : v;
+      const double scaled = normalized * (1 << kPrecisionBits);
+      fixed.push_back(static_cast<int32_t>(scaled < 0 ? scaled - 0.5 : scaled + 0.5));
+    }
+    c.first.push_back(xmin);
+    c.weights.push_back(std::move(fixed));
+  }
+  return c;
+}
+
+uint8_t clip8(int64_t accumulator) {
+  return static_cast<uint8_t>(std::clamp<int64_t>(accumulator >> kPrecisionBits, 0, 255));
+}
+
+RgbImage resample_horizontal(const RgbImage& in, int out_width) {
+  const Coefficients c = resample_coefficients(in.width, out_width);
+  RgbImage out{out_width, in.height, std::vector<uint8_t>(static_cast<size_t>(out_width) * in.height * 3)};
+  for (int y = 0; y < in.height; ++y) {
+    for (int x = 0; x < out_width; ++x) {
+      for (int ch = 0; ch < 3; ++ch) {
+        int64_t acc = 1 << (kPrecisionBits - 1);
+        for (size_t k = 0; k < c.weights[x].size(); ++k)
+          acc += static_cast<int64_t>(in.row(y)[(c.first[x] + k) * 3 + ch]) * c.weights[x][k];
+        out.row(y)[x * 3 + ch] = clip8(acc);
+      }
+    }
+  }
+  return out;
+}
+
+RgbImage resample_vertical(const RgbImage& in, int out_height) {
+  const Coefficients c = resample_coefficients(in.height, out_height);
+  RgbImage out{in.width, out_height, std::vector<uint8_t>(static_cast<size_t>(in.width) * out_height * 3)};
+  for (int y = 0; y < out_height; ++y) {
+    for (int x = 0; x < in.width * 3; ++x) {
+      int64_t acc = 1 << (kPrecisionBits - 1);
+      for (size_t k = 0; k < c.weights[y].size(); ++k)
+        acc += static_cast<int64_t>(in.row(c.first[y] + static_cast<int>(k))[x]) * c.weights[y][k];
+      out.row(y)[x] = clip8(acc);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+RgbImage resize_bicubic(const RgbImage& image, int width, int height) {
+  SD_CHECK(width > 0 && height > 0, "cannot resize an image to {}x{}", width, height);
+  RgbImage out = image;
+  // PIL skips a pass whose size does not change.
+  if (width != out.width) out = resample_horizontal(out, width);
+  if (height != out.height) out = resample_vertical(out, height);
+  return out;
+}
+
+RgbImage flip_horizontal(const RgbImage& image) {
+  RgbImage out = image;
+  for (int y = 0; y < image.height; ++y)
+    for (int x = 0; x < image.width; ++x)
+      std::copy_n(image.row(y) + (image.width - 1 - x) * 3, 3, out.row(y) + x * 3);
+  return out;
+}
+
+void save_png(const fs::path& path, const RgbImage& image) {
+  write_atomically(path, [&](const fs::path& tmp) {
+    SD_CHECK(stbi_write_png(tmp.c_str(), image.width, image.height, 3, image.pixels.data(), image.width * 3) != 0,
+             "{}: could not write PNG", tmp.string());
+  });
+}
+
+}  // namespace sd::io

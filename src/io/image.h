@@ -1,0 +1,37 @@
+// Images as the training data and the generated outputs need them: decode (JPEG, PNG, BMP) to 8-bit RGB, PIL's
+// center crop and antialiased bicubic resize bit for bit, and PNG writing.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <vector>
+
+namespace sd::io {
+
+struct RgbImage {
+  int width = 0;
+  int height = 0;
+  std::vector<uint8_t> pixels;  // row-major, 3 bytes (R, G, B) per pixel
+
+  uint8_t* row(int y) { return pixels.data() + static_cast<size_t>(y) * width * 3; }
+  const uint8_t* row(int y) const { return pixels.data() + static_cast<size_t>(y) * width * 3; }
+};
+
+// Decodes an image file to RGB; an alpha channel is dropped without compositing (as PIL's convert("RGB")).
+// A missing, unreadable or corrupt file throws sd::Error naming it.
+RgbImage load_image_rgb(const std::filesystem::path& path);
+
+// The central square of side min(width, height), taken as textual_inversion.py does:
+// rows (h - c) // 2 : (h + c) // 2 and columns likewise.
+RgbImage center_crop_square(const RgbImage& image);
+
+// PIL's Image.resize(size, Image.BICUBIC): separable, antialiased (support scaled by the downscale factor),
+// fixed-point with 22 fractional bits, horizontal pass first, each pass rounded and clamped to 0..255.
+RgbImage resize_bicubic(const RgbImage& image, int width, int height);
+
+// Mirrors the image left-right.
+RgbImage flip_horizontal(const RgbImage& image);
+
+// Writes a PNG atomically.
+void save_png(const std::filesystem::path& path, const RgbImage& image);
+
+}  // namespace sd::io
