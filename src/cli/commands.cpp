@@ -7,6 +7,7 @@ namespace sd::cli {
 int run(int argc, char** argv) {
   CLI::App app{"sdtrain: train and run Stable Diffusion (diffusers layout), natively"};
   app.require_subcommand(1);
+  app.set_help_all_flag("--help-all", "Show every subcommand's flags");
   std::function<int()> chosen;
   // Each add_* registers one subcommand and sets `chosen` when it is parsed.
   try {
