@@ -1,0 +1,15 @@
+// Counter-based random streams: a generator for (seed, purpose, step, sample) that does not depend on which rank
+// or micro-batch draws it, so a run's result is independent of how many ranks share the global batch.
+#pragma once
+#include <ATen/core/Generator.h>
+
+#include <cstdint>
+
+namespace sd::data {
+
+enum class Stream : uint64_t { kDataOrder = 1, kAugment = 2, kPrompt = 3, kPosterior = 4, kNoise = 5, kTimestep = 6 };
+
+// A CPU generator seeded from a hash of all four numbers.
+at::Generator stream_generator(uint64_t seed, Stream purpose, uint64_t a, uint64_t b = 0);
+
+}  // namespace sd::data
