@@ -1,0 +1,25 @@
+// Flag helpers shared by the subcommands: every flag is registered under the diffusers script's snake_case name
+// and a kebab-case alias, with its default shown in --help.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <optional>
+#include <string>
+
+namespace sd::cli {
+
+// "--train_batch_size" -> "--train_batch_size,--train-batch-size"
+std::string flag_names(const std::string& snake_name);
+
+template <typename T>
+CLI::Option* flag(CLI::App* app, const std::string& name, T& value, const std::string& help) {
+  return app->add_option(flag_names(name), value, help)->capture_default_str();
+}
+
+inline CLI::Option* switch_flag(CLI::App* app, const std::string& name, bool& value, const std::string& help) {
+  return app->add_flag(flag_names(name), value, help);
+}
+
+// A flag kept only so command lines written for the Python scripts still parse; using it prints `note` once.
+CLI::Option* accepted_python_flag(CLI::App* app, const std::string& name, bool takes_value, const std::string& note);
+
+}  // namespace sd::cli
