@@ -1,0 +1,69 @@
+#include "pipeline/embedding_file.h"
+
+#include <torch/serialize.h>
+
+#include <fstream>
+
+#include "core/error.h"
+#include "io/safetensors.h"
+#include "test_util.h"
+
+namespace sd::pipeline {
+namespace {
+
+std::string error_of(const std::filesystem::path& path) {
+  try {
+    load_embedding_file(path);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(EmbeddingFile, ReadsTheReferenceLearnedEmbeds) {
+  auto path = sd::test::golden("tiny-sd1/learned_embeds.safetensors");
+  EmbeddingFile e = load_embedding_file(path);
+  EXPECT_EQ(e.token, "<dicoo>");
+  EXPECT_TRUE(at::equal(e.vectors, io::load_safetensors(path).at("<dicoo>")));
+}
+
+TEST(EmbeddingFile, ReadsA1111Safetensors) {
+  sd::test::TempDir dir;
+  auto vectors = at::randn({3, 8});
+  io::save_safetensors(dir.path() / "my-style.safetensors", {{"emb_params", vectors.to(at::kHalf)}});
+  EmbeddingFile e = load_embedding_file(dir.path() / "my-style.safetensors");
+  EXPECT_EQ(e.token, "my-style");
+  EXPECT_EQ(e.vectors.scalar_type(), at::kFloat);
+  EXPECT_TRUE(at::equal(e.vectors, vectors.to(at::kHalf).to(at::kFloat)));
+}
+
+TEST(EmbeddingFile, ReadsTorchSavedDicts) {
+  sd::test::TempDir dir;
+  auto vectors = at::randn({2, 8});
+  c10::Dict<std::string, at::Tensor> dict;
+  dict.insert("<cat-toy>", vectors);
+  auto bytes = torch::pickle_save(dict);
+  std::ofstream(dir.path() / "learned_embeds.bin", std::ios::binary).write(bytes.data(), bytes.size());
+  EmbeddingFile e = load_embedding_file(dir.path() / "learned_embeds.bin");
+  EXPECT_EQ(e.token, "<cat-toy>");
+  EXPECT_TRUE(at::equal(e.vectors, vectors));
+}
+
+TEST(EmbeddingFile, MultiVectorTokenNames) {
+  EXPECT_EQ(embedding_tokens("<t>", 3), (std::vector<std::string>{"<t>", "<t>_1", "<t>_2"}));
+}
+
+TEST(EmbeddingFile, Errors) {
+  sd::test::TempDir dir;
+  EXPECT_NE(error_of(dir.path() / "none.safetensors").find("embedding file not found"), std::string::npos);
+  io::save_safetensors(dir.path() / "two.safetensors", {{"a", at::zeros({1, 4})}, {"b", at::zeros({1, 4})}});
+  EXPECT_NE(error_of(dir.path() / "two.safetensors").find("found 2 tensors"), std::string::npos);
+  io::save_safetensors(dir.path() / "cube.safetensors", {{"<x>", at::zeros({1, 2, 4})}});
+  EXPECT_NE(error_of(dir.path() / "cube.safetensors").find("expected an embedding of shape [num_vectors, dim]"),
+            std::string::npos);
+  std::ofstream(dir.path() / "junk.pt") << "PK garbage";
+  EXPECT_NE(error_of(dir.path() / "junk.pt").find("cannot read as safetensors or torch.save file"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace sd::pipeline
