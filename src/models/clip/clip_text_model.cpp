@@ -177,8 +177,10 @@ void ClipTextModelImpl::copy_token_embedding_row(int64_t src, int64_t dst) {
 }
 
 ClipTextModel load_text_encoder(const std::filesystem::path& dir, at::ScalarType dtype) {
-  SD_CHECK(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf || dtype == at::kDouble,
-           "text encoder: unsupported dtype {}", c10::toString(dtype));
+  // LibTorch 1.13 has no CPU float16 matmul/bmm/softmax, so float16 is a storage format only here.
+  SD_CHECK(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kDouble,
+           "text encoder: cannot run in {} on CPU; use float32 or bfloat16 (float16 files load into either)",
+           c10::toString(dtype));
   const std::filesystem::path config_file = dir / "config.json", weights_file = dir / "model.safetensors";
   const ClipTextConfig config = ClipTextConfig::load(config_file);
   SD_CHECK(std::filesystem::exists(weights_file), "{}: missing file (the text encoder weights)", weights_file.string());

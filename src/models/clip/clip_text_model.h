@@ -118,8 +118,8 @@ class ClipTextModelImpl : public torch::nn::Module {
 };
 TORCH_MODULE(ClipTextModel);
 
-// Loads a `text_encoder/` folder (config.json + model.safetensors) with weights in `dtype` (float32, bfloat16,
-// float16; stored fp16/bf16/fp32 weights are converted). A `position_ids` tensor in the file is ignored.
+// Loads a `text_encoder/` folder (config.json + model.safetensors) with weights in `dtype` (float32 or bfloat16;
+// float64 for checks). Stored fp16/bf16/fp32 weights are converted. A `position_ids` tensor in the file is ignored.
 ClipTextModel load_text_encoder(const std::filesystem::path& dir, at::ScalarType dtype = at::kFloat);
 // Writes config.json (torch_dtype set from `dtype`) and model.safetensors, as transformers' save_pretrained.
 void save_text_encoder(ClipTextModel& model, const std::filesystem::path& dir, at::ScalarType dtype = at::kFloat);

@@ -95,10 +95,21 @@ TEST(ClipTextModel, Bf16WeightsRunAndStayClose) {
   // bf16 keeps ~3 significant digits; 5 layers of it stay within a few percent.
   EXPECT_TRUE(close_rel_max(out.last_hidden_state, golden.at("last_hidden_state"), 5e-2));
   EXPECT_TRUE(close_rel_max(out.pooler_output, golden.at("pooler_output"), 5e-2));
+  std::printf("[ bf16 ] last_hidden_state max|err|/max|ref| %.3g\n", ratio(out.last_hidden_state, golden.at("last_hidden_state")));
   // Training through bf16 weights works too.
   (out.last_hidden_state.to(at::kFloat) * golden.at("input.loss_weights")).sum().backward();
   EXPECT_TRUE(close_rel_max(model->text_model->final_layer_norm->weight.grad(),
                             golden.at("grad_final_layer_norm.weight"), 5e-2));
+}
+
+TEST(ClipTextModel, Float64MatchesGolden) {
+  const auto golden = io::load_safetensors(sd::test::golden("tiny-sd2/text_encoder.safetensors"));
+  ClipTextModel model = load_text_encoder(encoder_dir("tiny-sd2"), at::kDouble);
+  torch::NoGradGuard no_grad;
+  ClipTextOutput out = model->forward(golden.at("input.input_ids"));
+  EXPECT_EQ(out.last_hidden_state.scalar_type(), at::kDouble);
+  EXPECT_TRUE(close_rel_max(out.last_hidden_state, golden.at("last_hidden_state"), 1e-4));
+  EXPECT_TRUE(close_rel_max(out.pooler_output, golden.at("pooler_output"), 1e-4));
 }
 
 TEST(ClipTextModel, AcceptsPositionIdsAndHalfPrecisionFiles) {
@@ -140,6 +151,9 @@ TEST(ClipTextModel, LoadErrorsNameTheFileAndKey) {
   io::save_safetensors(dir.path() / "model.safetensors", weights);
   err = error_of([&] { load_text_encoder(dir.path()); });
   EXPECT_NE(err.find("missing keys: text_model.final_layer_norm.bias"), std::string::npos) << err;
+
+  err = error_of([&] { load_text_encoder(encoder_dir("tiny-sd1"), at::kHalf); });
+  EXPECT_NE(err.find("float16"), std::string::npos) << err;
 }
 
 TEST(ClipTextConfig, RoundTripsFixtureConfigs) {
