@@ -240,7 +240,8 @@ ClipTokenizer ClipTokenizer::load(const fs::path& dir) {
              vocab_file.string(), token, id.dump());
     max_id = std::max(max_id, id.get<int64_t>());
   }
-  SD_CHECK(max_id < static_cast<int64_t>(vocab.size()) * 2 + 1024, "{}: ids up to {} for {} tokens",
+  // Ids index a table; a wildly sparse id space is a broken file, not a vocabulary.
+  SD_CHECK(max_id < static_cast<int64_t>(vocab.size()) * 2 + 1024, "{}: token ids go up to {} for only {} tokens",
            vocab_file.string(), max_id, vocab.size());
   tok.vocab_.assign(static_cast<size_t>(max_id + 1), std::string());
   tok.encoder_.reserve(vocab.size());
