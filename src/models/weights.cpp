@@ -27,7 +27,9 @@ io::TensorMap named_weights(const torch::nn::Module& module) {
   return out;
 }
 
-void load_weights(torch::nn::Module& module, const io::SafeTensorsFile& file) {
+void load_weights(torch::nn::Module& module, const io::SafeTensorsFile& file) { load_weights(module, file, {}); }
+
+void load_weights(torch::nn::Module& module, const io::SafeTensorsFile& file, const std::set<std::string>& ignored) {
   io::TensorMap targets = named_weights(module);
   std::vector<std::string> missing, unexpected, misshaped;
   for (const auto& [name, target] : targets) {
@@ -39,7 +41,7 @@ void load_weights(torch::nn::Module& module, const io::SafeTensorsFile& file) {
     }
   }
   for (const auto& name : file.names())
-    if (!targets.count(name)) unexpected.push_back(name);
+    if (!targets.count(name) && !ignored.count(name)) unexpected.push_back(name);
   if (!missing.empty() || !unexpected.empty() || !misshaped.empty()) {
     std::vector<std::string> parts;
     if (!misshaped.empty()) parts.push_back("wrong shape: " + list_some(misshaped));

@@ -4,6 +4,8 @@
 #include <torch/nn/module.h>
 
 #include <filesystem>
+#include <set>
+#include <string>
 
 #include "io/safetensors.h"
 
@@ -14,6 +16,9 @@ namespace sd::models {
 // missing, unexpected and mis-shaped keys, naming the file.
 void load_weights(torch::nn::Module& module, const io::SafeTensorsFile& file);
 void load_weights(torch::nn::Module& module, const std::filesystem::path& path);
+// The same, but file keys listed in `ignored` are skipped when the module has no such tensor (e.g. the
+// `position_ids` buffer older transformers versions saved and 4.35 no longer has).
+void load_weights(torch::nn::Module& module, const io::SafeTensorsFile& file, const std::set<std::string>& ignored);
 
 // Every parameter and buffer by name (detached, as stored).
 io::TensorMap named_weights(const torch::nn::Module& module);

@@ -1,0 +1,206 @@
+#include "models/clip/clip_text_model.h"
+
+#include <limits>
+
+#include "core/error.h"
+#include "io/atomic_file.h"
+#include "models/weights.h"
+
+namespace sd::models {
+
+namespace nn = torch::nn;
+
+at::Tensor clip_layer_norm(const at::Tensor& x, const nn::LayerNorm& norm) {
+  const auto& opts = norm->options;
+  const at::Tensor& w = norm->weight;
+  const at::Tensor& b = norm->bias;
+  const auto dtype = x.scalar_type();
+  if (dtype == w.scalar_type() && (dtype == at::kFloat || dtype == at::kDouble))
+    return at::layer_norm(x, opts.normalized_shape(), w, b, opts.eps());
+  return at::layer_norm(x.to(at::kFloat), opts.normalized_shape(), w.to(at::kFloat), b.to(at::kFloat), opts.eps())
+      .to(dtype);
+}
+
+ClipAttentionImpl::ClipAttentionImpl(const ClipTextConfig& c)
+    : heads_(c.num_attention_heads),
+      head_dim_(c.head_dim()),
+      scale_(1.0 / std::sqrt(static_cast<double>(c.head_dim()))),
+      dropout_(c.attention_dropout) {
+  const int64_t d = c.hidden_size;
+  k_proj = register_module("k_proj", nn::Linear(d, d));
+  v_proj = register_module("v_proj", nn::Linear(d, d));
+  q_proj = register_module("q_proj", nn::Linear(d, d));
+  out_proj = register_module("out_proj", nn::Linear(d, d));
+}
+
+at::Tensor ClipAttentionImpl::forward(const at::Tensor& x, const at::Tensor& causal_mask) {
+  const int64_t b = x.size(0), s = x.size(1), d = x.size(2);
+  // Same op order as transformers' CLIPAttention: scale q after the projection, bmm over [B*H, S, hd].
+  auto heads = [&](const at::Tensor& t) {  // [B, S, D] -> [B*H, S, hd]
+    return t.view({b, s, heads_, head_dim_}).transpose(1, 2).contiguous().view({b * heads_, s, head_dim_});
+  };
+  const at::Tensor q = heads(q_proj->forward(x) * scale_);
+  const at::Tensor k = heads(k_proj->forward(x));
+  const at::Tensor v = heads(v_proj->forward(x));
+  at::Tensor weights = at::bmm(q, k.transpose(1, 2));                                   // [B*H, S, S]
+  weights = (weights.view({b, heads_, s, s}) + causal_mask).view({b * heads_, s, s});
+  weights = at::softmax(weights, -1);
+  if (dropout_ > 0 && is_training()) weights = at::dropout(weights, dropout_, /*train=*/true);
+  at::Tensor out = at::bmm(weights, v);                                                  // [B*H, S, hd]
+  out = out.view({b, heads_, s, head_dim_}).transpose(1, 2).reshape({b, s, d});
+  return out_proj->forward(out);
+}
+
+ClipMlpImpl::ClipMlpImpl(const ClipTextConfig& c) : act_(c.hidden_act) {
+  fc1 = register_module("fc1", nn::Linear(c.hidden_size, c.intermediate_size));
+  fc2 = register_module("fc2", nn::Linear(c.intermediate_size, c.hidden_size));
+}
+
+at::Tensor ClipMlpImpl::forward(const at::Tensor& x) {
+  at::Tensor h = fc1->forward(x);
+  if (act_ == "quick_gelu") {
+    h = h * at::sigmoid(h * 1.702);
+  } else if (act_ == "gelu") {
+    h = at::gelu(h);  // exact erf form
+  } else if (act_ == "gelu_new" || act_ == "gelu_pytorch_tanh") {
+    h = at::gelu(h, "tanh");
+  } else if (act_ == "relu") {
+    h = at::relu(h);
+  } else {
+    h = at::silu(h);
+  }
+  return fc2->forward(h);
+}
+
+ClipEncoderLayerImpl::ClipEncoderLayerImpl(const ClipTextConfig& c) {
+  const auto norm = nn::LayerNormOptions({c.hidden_size}).eps(c.layer_norm_eps);
+  self_attn = register_module("self_attn", ClipAttention(c));
+  layer_norm1 = register_module("layer_norm1", nn::LayerNorm(norm));
+  mlp = register_module("mlp", ClipMlp(c));
+  layer_norm2 = register_module("layer_norm2", nn::LayerNorm(norm));
+}
+
+at::Tensor ClipEncoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& causal_mask) {
+  at::Tensor h = x + self_attn->forward(clip_layer_norm(x, layer_norm1), causal_mask);
+  return h + mlp->forward(clip_layer_norm(h, layer_norm2));
+}
+
+ClipTextEmbeddingsImpl::ClipTextEmbeddingsImpl(const ClipTextConfig& c) {
+  token_embedding = register_module("token_embedding", nn::Embedding(c.vocab_size, c.hidden_size));
+  position_embedding = register_module("position_embedding", nn::Embedding(c.max_position_embeddings, c.hidden_size));
+}
+
+at::Tensor ClipTextEmbeddingsImpl::forward(const at::Tensor& input_ids) {
+  const int64_t s = input_ids.size(1);
+  const at::Tensor positions = at::arange(s, input_ids.options().dtype(at::kLong)).unsqueeze(0);  // [1, S]
+  return token_embedding->forward(input_ids) + position_embedding->forward(positions);
+}
+
+ClipEncoderImpl::ClipEncoderImpl(const ClipTextConfig& c) {
+  layers = register_module("layers", nn::ModuleList());
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) layers->push_back(ClipEncoderLayer(c));
+}
+
+ClipTextTransformerImpl::ClipTextTransformerImpl(const ClipTextConfig& c) {
+  embeddings = register_module("embeddings", ClipTextEmbeddings(c));
+  encoder = register_module("encoder", ClipEncoder(c));
+  final_layer_norm =
+      register_module("final_layer_norm", nn::LayerNorm(nn::LayerNormOptions({c.hidden_size}).eps(c.layer_norm_eps)));
+}
+
+ClipTextModelImpl::ClipTextModelImpl(const ClipTextConfig& config) : config_(config) {
+  text_model = register_module("text_model", ClipTextTransformer(config));
+}
+
+ClipTextOutput ClipTextModelImpl::forward(const at::Tensor& input_ids) {
+  SD_CHECK(input_ids.dim() == 2, "text encoder: input_ids must be [batch, seq], got {} dims", input_ids.dim());
+  const int64_t b = input_ids.size(0), s = input_ids.size(1);
+  SD_CHECK(s >= 1 && s <= config_.max_position_embeddings,
+           "text encoder: sequence length {} is outside 1..max_position_embeddings ({})", s,
+           config_.max_position_embeddings);
+  const at::Tensor ids = input_ids.to(at::kLong);
+
+  ClipTextOutput out;
+  at::Tensor h = text_model->embeddings->forward(ids);  // [B, S, D]
+  out.hidden_states.push_back(h);
+  // Additive causal mask in the hidden dtype, as transformers' _create_4d_causal_attention_mask: the dtype's most
+  // negative value strictly above the diagonal.
+  const double neg = h.scalar_type() == at::kDouble ? std::numeric_limits<double>::lowest()
+                     : h.scalar_type() == at::kHalf ? -65504.0
+                     : h.scalar_type() == at::kBFloat16 ? -3.3895313892515355e38
+                                                        : static_cast<double>(std::numeric_limits<float>::lowest());
+  const at::Tensor mask = at::full({s, s}, neg, h.options()).triu(1);
+  for (const auto& layer : *text_model->encoder->layers) {
+    h = layer->as<ClipEncoderLayer>()->forward(h, mask);
+    out.hidden_states.push_back(h);
+  }
+  out.last_hidden_state = clip_layer_norm(h, text_model->final_layer_norm);
+
+  // Pooled output: legacy configs (eos_token_id == 2) take the row of the largest id, which is eos for
+  // unextended vocabularies; newer ones the first position of eos_token_id.
+  const at::Tensor ids32 = ids.to(at::kInt);
+  const at::Tensor pos = config_.eos_token_id == 2 ? ids32.argmax(-1) : (ids32 == config_.eos_token_id).to(at::kInt).argmax(-1);
+  const at::Tensor rows = at::arange(b, pos.options()) * s + pos;  // [B] flat indices into [B*S]
+  out.pooler_output = out.last_hidden_state.reshape({b * s, -1}).index_select(0, rows);
+  return out;
+}
+
+at::Tensor ClipTextModelImpl::apply_final_layer_norm(const at::Tensor& hidden) {
+  return clip_layer_norm(hidden, text_model->final_layer_norm);
+}
+
+void ClipTextModelImpl::resize_token_embeddings(int64_t n) {
+  SD_CHECK(n > 0, "resize_token_embeddings: size must be positive, got {}", n);
+  nn::Embedding& old = text_model->embeddings->token_embedding;
+  const at::Tensor old_weight = old->weight;
+  if (n == old_weight.size(0)) return;
+  nn::Embedding fresh(n, config_.hidden_size);  // default init N(0, 1)
+  fresh->to(old_weight.device(), old_weight.scalar_type());
+  {
+    torch::NoGradGuard no_grad;
+    const int64_t keep = std::min(n, old_weight.size(0));
+    fresh->weight.narrow(0, 0, keep).copy_(old_weight.narrow(0, 0, keep));
+  }
+  fresh->weight.set_requires_grad(old_weight.requires_grad());
+  fresh->train(old->is_training());
+  text_model->embeddings->token_embedding = text_model->embeddings->replace_module("token_embedding", fresh);
+  config_.vocab_size = n;
+}
+
+void ClipTextModelImpl::copy_token_embedding_row(int64_t src, int64_t dst) {
+  const at::Tensor& w = text_model->embeddings->token_embedding->weight;
+  const int64_t n = w.size(0);
+  SD_CHECK(src >= 0 && src < n && dst >= 0 && dst < n, "copy_token_embedding_row: rows {} -> {} outside 0..{}", src,
+           dst, n - 1);
+  torch::NoGradGuard no_grad;
+  w[dst].copy_(w[src]);
+}
+
+ClipTextModel load_text_encoder(const std::filesystem::path& dir, at::ScalarType dtype) {
+  // LibTorch 1.13 has no CPU float16 matmul/bmm/softmax, so float16 is a storage format only here.
+  SD_CHECK(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kDouble,
+           "text encoder: cannot run in {} on CPU; use float32 or bfloat16 (float16 files load into either)",
+           c10::toString(dtype));
+  const std::filesystem::path config_file = dir / "config.json", weights_file = dir / "model.safetensors";
+  const ClipTextConfig config = ClipTextConfig::load(config_file);
+  SD_CHECK(std::filesystem::exists(weights_file), "{}: missing file (the text encoder weights)", weights_file.string());
+  const io::SafeTensorsFile file(weights_file);
+  ClipTextModel model(config);
+  model->to(dtype);
+  // transformers < 4.31 saved the position_ids buffer; 4.35 recomputes it (and so do we).
+  load_weights(*model, file, {"text_model.embeddings.position_ids"});
+  model->eval();
+  return model;
+}
+
+void save_text_encoder(ClipTextModel& model, const std::filesystem::path& dir, at::ScalarType dtype) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  SD_CHECK(!ec, "{}: cannot create folder ({})", dir.string(), ec.message());
+  ClipTextConfig config = model->config();
+  config.torch_dtype = dtype == at::kBFloat16 ? "bfloat16" : dtype == at::kHalf ? "float16" : "float32";
+  io::write_text_file(dir / "config.json", config.to_json().dump(2) + "\n");
+  save_weights(*model, dir / "model.safetensors", dtype);
+}
+
+}  // namespace sd::models
