@@ -4,12 +4,19 @@
 
 namespace sd::cli {
 
+void add_init(CLI::App& app, std::function<int()>& chosen);
+void add_inspect(CLI::App& app, std::function<int()>& chosen);
+void add_tokenize(CLI::App& app, std::function<int()>& chosen);
+void add_generate(CLI::App& app, std::function<int()>& chosen);
+void add_textual_inversion(CLI::App& app, std::function<int()>& chosen);
+
 int run(int argc, char** argv) {
   CLI::App app{"sdtrain: train and run Stable Diffusion (diffusers layout), natively"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Show every subcommand's flags");
   std::function<int()> chosen;
   // Each add_* registers one subcommand and sets `chosen` when it is parsed.
+  add_tokenize(app, chosen);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

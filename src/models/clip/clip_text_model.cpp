@@ -90,10 +90,11 @@ ClipTextEmbeddingsImpl::ClipTextEmbeddingsImpl(const ClipTextConfig& c) {
   position_embedding = register_module("position_embedding", nn::Embedding(c.max_position_embeddings, c.hidden_size));
 }
 
-at::Tensor ClipTextEmbeddingsImpl::forward(const at::Tensor& input_ids) {
+at::Tensor ClipTextEmbeddingsImpl::forward(const at::Tensor& input_ids, const at::Tensor& token_embeds) {
   const int64_t s = input_ids.size(1);
   const at::Tensor positions = at::arange(s, input_ids.options().dtype(at::kLong)).unsqueeze(0);  // [1, S]
-  return token_embedding->forward(input_ids) + position_embedding->forward(positions);
+  const at::Tensor tokens = token_embeds.defined() ? token_embeds : token_embedding->forward(input_ids);
+  return tokens + position_embedding->forward(positions);
 }
 
 ClipEncoderImpl::ClipEncoderImpl(const ClipTextConfig& c) {
@@ -112,7 +113,7 @@ ClipTextModelImpl::ClipTextModelImpl(const ClipTextConfig& config) : config_(con
   text_model = register_module("text_model", ClipTextTransformer(config));
 }
 
-ClipTextOutput ClipTextModelImpl::forward(const at::Tensor& input_ids) {
+ClipTextOutput ClipTextModelImpl::forward(const at::Tensor& input_ids, const at::Tensor& token_embeds) {
   SD_CHECK(input_ids.dim() == 2, "text encoder: input_ids must be [batch, seq], got {} dims", input_ids.dim());
   const int64_t b = input_ids.size(0), s = input_ids.size(1);
   SD_CHECK(s >= 1 && s <= config_.max_position_embeddings,
@@ -121,7 +122,7 @@ ClipTextOutput ClipTextModelImpl::forward(const at::Tensor& input_ids) {
   const at::Tensor ids = input_ids.to(at::kLong);
 
   ClipTextOutput out;
-  at::Tensor h = text_model->embeddings->forward(ids);  // [B, S, D]
+  at::Tensor h = text_model->embeddings->forward(ids, token_embeds);  // [B, S, D]
   out.hidden_states.push_back(h);
   // Additive causal mask in the hidden dtype, as transformers' _create_4d_causal_attention_mask: the dtype's most
   // negative value strictly above the diagonal.

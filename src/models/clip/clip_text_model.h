@@ -63,8 +63,8 @@ TORCH_MODULE(ClipEncoderLayer);
 class ClipTextEmbeddingsImpl : public torch::nn::Module {
  public:
   explicit ClipTextEmbeddingsImpl(const ClipTextConfig& config);
-  // input_ids: [B, S] int64 -> [B, S, D]
-  at::Tensor forward(const at::Tensor& input_ids);
+  // input_ids: [B, S] int64 -> [B, S, D]; token_embeds [B, S, D], when given, replaces token_embedding(input_ids)
+  at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& token_embeds = {});
 
   torch::nn::Embedding token_embedding{nullptr}, position_embedding{nullptr};
 };
@@ -97,8 +97,9 @@ class ClipTextModelImpl : public torch::nn::Module {
   explicit ClipTextModelImpl(const ClipTextConfig& config);
 
   // input_ids: [B, S] int64, S <= max_position_embeddings. Causal self-attention, no padding mask (as the SD
-  // pipelines call it).
-  ClipTextOutput forward(const at::Tensor& input_ids);
+  // pipelines call it). token_embeds [B, S, D], when given, stands in for the token-embedding lookup (textual
+  // inversion feeds rows that carry gradients only for the learned tokens); input_ids still pick the pooled row.
+  ClipTextOutput forward(const at::Tensor& input_ids, const at::Tensor& token_embeds = {});
   // hidden: [B, S, D] -> final_layer_norm(hidden); what clip-skip applies to hidden_states[-(skip + 1)].
   at::Tensor apply_final_layer_norm(const at::Tensor& hidden);
 
