@@ -188,5 +188,37 @@ TEST(SchedulerGoldenTraining, BetaTables) {
   }
 }
 
+// The scheduler half of the txt2img goldens (C8): the UNet outputs are replayed from the golden, guidance applied
+// as the pipeline does, and every latent the pipeline saw is compared.
+TEST(SchedulerGoldenTxt2img, Sd1PipelineSchedulers) {
+  const auto config = sd::test::fixtures() / "tiny-sd1/scheduler/scheduler_config.json";
+  for (const std::string name : {"pndm", "ddim", "euler"}) {
+    SCOPED_TRACE(name);
+    const json meta = read_json(sd::test::golden("tiny-sd1/txt2img_" + name + ".json"));
+    const auto g = sd::io::load_safetensors(sd::test::golden("tiny-sd1/txt2img_" + name + ".safetensors"));
+    // pndm is the pipeline's own scheduler (its _class_name); the others are from_config of it.
+    auto sched = name == "pndm" ? load_scheduler(config) : load_scheduler(config, name);
+    sched->set_timesteps(4);
+    ASSERT_TRUE(same_timesteps(sched->timesteps(), g.at("scheduler_timesteps")));
+    EXPECT_EQ(sched->init_noise_sigma(), meta["init_noise_sigma"].get<double>());
+    at::Tensor latents = g.at("input.latents") * sched->init_noise_sigma();
+    double worst = 0;
+    for (int64_t i = 0; i < sched->timesteps().size(0); ++i) {
+      SCOPED_TRACE(i);
+      const std::string s = "step" + std::to_string(i) + ".";
+      const at::Tensor t = sched->timesteps()[i];
+      EXPECT_TRUE(same_timesteps(t.reshape({1}), g.at(s + "timestep")));
+      const at::Tensor inp = sched->scale_model_input(latents, t);
+      ASSERT_TRUE(close_rel_max(at::cat({inp, inp}), g.at(s + "unet_input"), kTol));
+      const auto chunks = g.at(s + "unet_output").chunk(2);
+      const at::Tensor guided = chunks[0] + 7.5 * (chunks[1] - chunks[0]);
+      latents = sched->step(guided, t, latents);
+      ASSERT_TRUE(close_rel_max(latents, g.at(s + "latents_after"), kTol));
+      worst = std::max(worst, ratio(latents, g.at(s + "latents_after")));
+    }
+    std::cout << "[ worst    ] txt2img_" << name << " latents: " << worst << "\n";
+  }
+}
+
 }  // namespace
 }  // namespace sd::schedulers
