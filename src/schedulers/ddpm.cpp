@@ -1,7 +1,6 @@
 #include "schedulers/ddpm.h"
 
 #include "core/error.h"
-#include "schedulers/numpy_compat.h"
 
 namespace sd::schedulers {
 

@@ -38,7 +38,7 @@ void EulerSchedulerBase::set_timesteps(int n) {
   // diffusers: sigma table in float32 torch, interpolated by numpy in float64, cast back to float32.
   const at::Tensor full = ((1 - alphas_cumprod_) / alphas_cumprod_).pow(0.5);
   at::Tensor sig;
-  if (c.interpolation_type == "log_linear") {
+  if (discrete_options_ && c.interpolation_type == "log_linear") {
     const std::vector<double> f = to_doubles(full);
     const double log_first = std::log(static_cast<float>(f.back()));
     const double log_last = std::log(static_cast<float>(f.front()));
@@ -47,7 +47,7 @@ void EulerSchedulerBase::set_timesteps(int n) {
     const std::vector<double> s = np::interp(ts, to_doubles(full));
     sig = at::tensor(at::ArrayRef<double>(s), at::kDouble).to(at::kFloat);
   }
-  if (c.timestep_type == "continuous" && c.prediction_type == "v_prediction")
+  if (discrete_options_ && c.timestep_type == "continuous" && c.prediction_type == "v_prediction")
     timesteps_ = sig.log() * 0.25;  // EDM-style c_noise
   else
     timesteps_ = at::tensor(at::ArrayRef<double>(ts), at::kDouble).to(at::kFloat);
@@ -85,6 +85,7 @@ at::Tensor EulerSchedulerBase::x0_prediction(const at::Tensor& model_output, con
 }
 
 EulerDiscreteScheduler::EulerDiscreteScheduler(SchedulerConfig config) : EulerSchedulerBase(std::move(config)) {
+  discrete_options_ = true;
   const auto& c = config_;
   if (c.interpolation_type != "linear" && c.interpolation_type != "log_linear")
     c.fail_key("interpolation_type", fmt::format("must be linear or log_linear, got \"{}\"", c.interpolation_type));

@@ -20,7 +20,8 @@ class EulerSchedulerBase : public Scheduler {
   void init_step_index(const at::Tensor& t);
   at::Tensor x0_prediction(const at::Tensor& model_output, const at::Tensor& sample, const at::Tensor& sigma) const;
 
-  bool supports_log_linear_ = false;
+  // interpolation_type and timestep_type exist only in EulerDiscreteScheduler (0.24); EulerAncestral ignores them.
+  bool discrete_options_ = false;
   int64_t step_index_ = -1;
 };
 

@@ -349,6 +349,36 @@ TEST(SchedulerTables, PrkWarmupTable) {
   EXPECT_TRUE(at::equal(sched->timesteps(), at::tensor(expected, at::kLong))) << sched->timesteps();
 }
 
+TEST(SchedulerTables, EulerLogLinearAndContinuousTimesteps) {
+  auto reference = make_scheduler(config_of(sd_base()), std::string("euler"));
+  const at::Tensor acp = reference->alphas_cumprod();
+  const double sigma_max = std::sqrt((1 - acp[-1].item<double>()) / acp[-1].item<double>());
+  const double sigma_min = std::sqrt((1 - acp[0].item<double>()) / acp[0].item<double>());
+
+  // log_linear: n + 1 log-spaced sigmas from sigma_max to sigma_min, then the final 0 (as diffusers 0.24).
+  auto log_linear = make_scheduler(config_of(with(sd_base(), {{"interpolation_type", "log_linear"}})), "euler");
+  log_linear->set_timesteps(8);
+  const at::Tensor s = log_linear->sigmas().to(at::kDouble);
+  ASSERT_EQ(s.size(0), 10);
+  EXPECT_NEAR(s[0].item<double>(), sigma_max, 1e-5 * sigma_max);
+  EXPECT_NEAR(s[8].item<double>(), sigma_min, 1e-5);
+  EXPECT_EQ(s[9].item<double>(), 0.0);
+  const at::Tensor log_steps = s.slice(0, 0, 9).log().diff();
+  EXPECT_TRUE(close_rel_max(log_steps, at::full({8}, (std::log(sigma_min) - std::log(sigma_max)) / 8, at::kDouble),
+                            1e-4));
+
+  // timestep_type continuous with v_prediction: the UNet gets 0.25 * log(sigma).
+  auto continuous = make_scheduler(
+      config_of(with(sd_base(), {{"timestep_type", "continuous"}, {"prediction_type", "v_prediction"}})), "euler");
+  continuous->set_timesteps(8);
+  EXPECT_EQ(continuous->timesteps().scalar_type(), at::kFloat);
+  EXPECT_TRUE(close_rel_max(continuous->timesteps(), continuous->sigmas().slice(0, 0, 8).log() * 0.25, 1e-6));
+  // EulerAncestral has neither option in diffusers 0.24 and ignores them.
+  auto ancestral = make_scheduler(config_of(with(sd_base(), {{"interpolation_type", "log_linear"}})), "euler_a");
+  ancestral->set_timesteps(8);
+  EXPECT_EQ(ancestral->sigmas().size(0), 9);
+}
+
 TEST(SchedulerTables, TrainedBetasAndZeroSnrRescale) {
   auto reference = make_scheduler(config_of(sd_base()), std::string("ddim"));
   const at::Tensor betas = reference->betas().to(at::kDouble);

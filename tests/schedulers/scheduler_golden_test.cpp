@@ -146,7 +146,9 @@ TEST_P(SchedulerGolden, TimestepTablesForEverySpacing) {
       auto sched = make_scheduler(config_for(g, {{"timestep_spacing", spacing}}), c.scheduler);
       sched->set_timesteps(n);
       EXPECT_TRUE(same_timesteps(sched->timesteps(), g.at(p + "timesteps")));
-      if (g.has(p + "sigmas")) EXPECT_TRUE(close_rel_max(sched->sigmas(), g.at(p + "sigmas"), 1e-6));
+      if (g.has(p + "sigmas")) {
+        EXPECT_TRUE(close_rel_max(sched->sigmas(), g.at(p + "sigmas"), 1e-6));
+      }
     }
   }
 }
