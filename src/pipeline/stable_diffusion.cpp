@@ -1,0 +1,83 @@
+#include "pipeline/stable_diffusion.h"
+
+#include "core/error.h"
+#include "io/atomic_file.h"
+#include "io/json_config.h"
+#include "models/weights.h"
+
+namespace sd::pipeline {
+
+namespace fs = std::filesystem;
+
+int64_t StableDiffusion::vae_scale_factor() const {
+  return int64_t{1} << (vae->config().block_out_channels.size() - 1);
+}
+
+void check_pipeline_layout(const fs::path& dir) {
+  SD_CHECK(fs::is_directory(dir), "{}: model folder not found (expected a diffusers pipeline folder)", dir.string());
+  SD_CHECK(fs::is_regular_file(dir / "model_index.json"),
+           "{}: not a diffusers pipeline (missing model_index.json)", dir.string());
+  for (const char* part : {"unet", "vae", "text_encoder", "tokenizer", "scheduler"})
+    SD_CHECK(fs::is_directory(dir / part), "{}: missing the {}/ folder of the pipeline", dir.string(), part);
+}
+
+StableDiffusion load_pipeline(const fs::path& dir, const ComponentDtypes& dtypes, const fs::path& tokenizer_dir) {
+  check_pipeline_layout(dir);
+  StableDiffusion pipe{io::JsonConfig::load(dir / "model_index.json").raw(),
+                       text::ClipTokenizer::load(tokenizer_dir.empty() ? dir / "tokenizer" : tokenizer_dir)};
+  pipe.scheduler_config = schedulers::SchedulerConfig::load(dir / "scheduler" / "scheduler_config.json");
+  pipe.text_encoder = models::load_text_encoder(dir / "text_encoder", dtypes.text_encoder);
+  pipe.vae = models::load_vae(dir / "vae", dtypes.vae);
+  pipe.unet = models::load_unet(dir / "unet", dtypes.unet);
+  const int64_t width = pipe.text_encoder->config().hidden_size;
+  SD_CHECK(pipe.unet->config().cross_attention_dim == width,
+           "{}: the UNet's cross_attention_dim ({}) differs from the text encoder's hidden_size ({})", dir.string(),
+           pipe.unet->config().cross_attention_dim, width);
+  return pipe;
+}
+
+nlohmann::json model_index_json(const std::string& scheduler_class) {
+  return {{"_class_name", "StableDiffusionPipeline"},
+          {"_diffusers_version", "0.24.0"},
+          {"feature_extractor", {nullptr, nullptr}},
+          {"image_encoder", {nullptr, nullptr}},
+          {"requires_safety_checker", false},
+          {"safety_checker", {nullptr, nullptr}},
+          {"scheduler", {"diffusers", scheduler_class}},
+          {"text_encoder", {"transformers", "CLIPTextModel"}},
+          {"tokenizer", {"transformers", "CLIPTokenizer"}},
+          {"unet", {"diffusers", "UNet2DConditionModel"}},
+          {"vae", {"diffusers", "AutoencoderKL"}}};
+}
+
+void save_pipeline(StableDiffusion& pipe, const fs::path& dir, at::ScalarType dtype) {
+  fs::create_directories(dir);
+  const std::string scheduler_class =
+      pipe.model_index.contains("scheduler") ? pipe.model_index["scheduler"][1].get<std::string>() : "PNDMScheduler";
+  // Each component goes to a temporary folder first; model_index.json, written last, marks the pipeline complete.
+  fs::path tmp = dir / fmt::format(".partial-{}", getpid());
+  fs::remove_all(tmp);
+  try {
+    pipe.tokenizer.save(tmp / "tokenizer");
+    models::save_text_encoder(pipe.text_encoder, tmp / "text_encoder", dtype);
+    io::write_text_file(tmp / "vae" / "config.json", pipe.vae->config().to_json().dump(2) + "\n");
+    models::save_weights(*pipe.vae, tmp / "vae" / "diffusion_pytorch_model.safetensors", dtype);
+    io::write_text_file(tmp / "unet" / "config.json", pipe.unet->config().to_json().dump(2) + "\n");
+    models::save_weights(*pipe.unet, tmp / "unet" / "diffusion_pytorch_model.safetensors", dtype);
+    io::write_text_file(tmp / "scheduler" / "scheduler_config.json",
+                        pipe.scheduler_config.to_json(scheduler_class).dump(2) + "\n");
+    fs::remove(dir / "model_index.json");
+    for (const char* part : {"tokenizer", "text_encoder", "vae", "unet", "scheduler"}) {
+      fs::remove_all(dir / part);
+      fs::rename(tmp / part, dir / part);
+    }
+    fs::remove_all(tmp);
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove_all(tmp, ignored);
+    throw;
+  }
+  io::write_text_file(dir / "model_index.json", model_index_json(scheduler_class).dump(2) + "\n");
+}
+
+}  // namespace sd::pipeline

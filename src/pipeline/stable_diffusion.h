@@ -1,0 +1,49 @@
+// A whole Stable Diffusion pipeline in the diffusers layout: model_index.json, tokenizer/, text_encoder/, vae/,
+// unet/, scheduler/. Loading checks the layout first so a wrong folder fails with one line naming what is missing.
+#pragma once
+#include <ATen/ATen.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "models/clip/clip_text_model.h"
+#include "models/unet/unet_2d_condition.h"
+#include "models/vae/autoencoder_kl.h"
+#include "schedulers/scheduler_config.h"
+#include "text/clip_tokenizer.h"
+
+namespace sd::pipeline {
+
+struct ComponentDtypes {
+  at::ScalarType text_encoder = at::kFloat;
+  at::ScalarType vae = at::kFloat;
+  at::ScalarType unet = at::kFloat;
+};
+
+struct StableDiffusion {
+  nlohmann::json model_index;
+  text::ClipTokenizer tokenizer;
+  models::ClipTextModel text_encoder{nullptr};
+  models::AutoencoderKL vae{nullptr};
+  models::UNet2DConditionModel unet{nullptr};
+  schedulers::SchedulerConfig scheduler_config;
+
+  // 2^(number of VAE blocks - 1): image pixels per latent pixel (8 for SD).
+  int64_t vae_scale_factor() const;
+};
+
+// Throws sd::Error unless `dir` holds model_index.json and the component folders a StableDiffusionPipeline needs.
+void check_pipeline_layout(const std::filesystem::path& dir);
+
+// Loads every component. `tokenizer_dir` overrides <dir>/tokenizer (textual inversion's --tokenizer_name).
+StableDiffusion load_pipeline(const std::filesystem::path& dir, const ComponentDtypes& dtypes = {},
+                              const std::filesystem::path& tokenizer_dir = {});
+
+// Writes the pipeline as diffusers' save_pretrained does (weights in `dtype`), building it in a temporary folder
+// and renaming it into place; an existing pipeline in `dir` is replaced, other files there are kept.
+void save_pipeline(StableDiffusion& pipe, const std::filesystem::path& dir, at::ScalarType dtype = at::kFloat);
+
+// model_index.json of a StableDiffusionPipeline whose scheduler is `scheduler_class`.
+nlohmann::json model_index_json(const std::string& scheduler_class);
+
+}  // namespace sd::pipeline
