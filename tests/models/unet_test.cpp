@@ -262,6 +262,8 @@ TEST(UNetLoading, RejectsInputsThatDoNotFit) {
   EXPECT_NE(error_message([&] { unet->forward(at::zeros({2, 4, 8, 8}), t, at::zeros({2, 77, 64})); }), "");
   EXPECT_NE(error_message([&] { unet->forward(at::zeros({2, 4, 8, 8}, at::kDouble), t, at::zeros({2, 77, 32})); }),
             "");
+  EXPECT_NE(error_message([&] { unet->forward(at::zeros({2, 4, 8, 8}), t, at::zeros({2, 77, 32}, at::kBFloat16)); }),
+            "");
 }
 
 // ----- parameter counts -----------------------------------------------------------------------------------------

@@ -163,6 +163,9 @@ at::Tensor UNet2DConditionModelImpl::forward(const at::Tensor& sample_in, const 
                encoder_hidden_states.size(2) == c.cross_attention_dim.at(0),
            "UNet: encoder_hidden_states must be [{}, L, {}], got {}", batch, c.cross_attention_dim.at(0),
            shape_str(encoder_hidden_states.sizes()));
+  SD_CHECK(encoder_hidden_states.scalar_type() == sample_in.scalar_type(),
+           "UNet: encoder_hidden_states dtype {} differs from the model's {}",
+           c10::toString(encoder_hidden_states.scalar_type()), c10::toString(sample_in.scalar_type()));
   SD_CHECK(timestep.defined() && (timestep.dim() == 0 || (timestep.dim() == 1 && (timestep.size(0) == batch ||
                                                                                   timestep.size(0) == 1))),
            "UNet: timestep must be a scalar or have {} (or 1) entries", batch);
