@@ -1,0 +1,287 @@
+#include "models/unet/unet_2d_condition.h"
+
+#include <ATen/ATen.h>
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "core/error.h"
+#include "models/checkpoint.h"
+#include "models/weights.h"
+
+namespace sd::models {
+
+namespace nn = torch::nn;
+
+at::Tensor timestep_embedding(const at::Tensor& timesteps, int64_t dim, bool flip_sin_to_cos, double freq_shift) {
+  const int64_t half = dim / 2;
+  // Same ops in the same order as diffusers, so the float32 rounding matches bit for bit.
+  at::Tensor exponent = at::arange(0, half, timesteps.options().dtype(at::kFloat)) * (-std::log(10000.0));
+  exponent = exponent / (static_cast<double>(half) - freq_shift);
+  at::Tensor emb = timesteps.unsqueeze(1).to(at::kFloat) * exponent.exp().unsqueeze(0);  // [N, half]
+  emb = at::cat({emb.sin(), emb.cos()}, -1);
+  if (flip_sin_to_cos) emb = at::cat({emb.narrow(1, half, half), emb.narrow(1, 0, half)}, -1);
+  if (dim % 2 == 1) emb = at::constant_pad_nd(emb, {0, 1, 0, 0}, 0);
+  return emb;
+}
+
+TimestepEmbeddingImpl::TimestepEmbeddingImpl(int64_t in_channels, int64_t time_embed_dim, Activation act)
+    : act_(act) {
+  linear_1 = register_module("linear_1", nn::Linear(in_channels, time_embed_dim));
+  linear_2 = register_module("linear_2", nn::Linear(time_embed_dim, time_embed_dim));
+}
+
+at::Tensor TimestepEmbeddingImpl::forward(const at::Tensor& x) {
+  return linear_2->forward(activate(act_, linear_1->forward(x)));
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+
+UNet2DConditionModelImpl::UNet2DConditionModelImpl(UNetConfig config) : config_(std::move(config)) {
+  const UNetConfig& c = config_;
+  c.validate();
+  act_ = parse_activation(c.act_fn, c.source + ": key 'act_fn'");
+  const size_t n = c.num_blocks();
+  const auto& channels = c.block_out_channels;
+  const int64_t time_dim = c.time_embed_dim();
+
+  conv_in = register_module("conv_in", nn::Conv2d(nn::Conv2dOptions(c.in_channels, channels[0], c.conv_in_kernel)
+                                                      .padding((c.conv_in_kernel - 1) / 2)));
+  time_embedding = register_module("time_embedding", TimestepEmbedding(channels[0], time_dim, act_));
+
+  ResnetSettings resnet;
+  resnet.temb_channels = time_dim;
+  resnet.groups = *c.norm_num_groups;
+  resnet.eps = c.norm_eps;
+  resnet.act = act_;
+  auto attention_for = [&](size_t block, bool cross_attention) {
+    AttentionSettings a;
+    if (!cross_attention) return a;
+    a.heads = c.heads(block);
+    a.transformer_layers = c.transformer_layers_per_block.at(block);
+    a.cross_attention_dim = c.cross_attention_dim.at(block);
+    a.use_linear_projection = c.use_linear_projection;
+    a.upcast_attention = c.upcast_attention;
+    return a;
+  };
+
+  int64_t output_channel = channels[0];
+  for (size_t i = 0; i < n; ++i) {
+    DownBlockOptions o;
+    o.in_channels = output_channel;
+    o.out_channels = output_channel = channels[i];
+    o.num_layers = c.layers_per_block.at(i);
+    o.add_downsample = i + 1 < n;
+    o.downsample_padding = c.downsample_padding;
+    o.resnet = resnet;
+    o.attention = attention_for(i, c.down_block_types[i] == "CrossAttnDownBlock2D");
+    down_.push_back(UNetDownBlock(o));
+    down_blocks->push_back(down_.back());
+  }
+  register_module("down_blocks", down_blocks);
+
+  if (c.mid_block_type) {
+    MidBlockOptions o;
+    o.channels = channels[n - 1];
+    o.output_scale_factor = c.mid_block_scale_factor;
+    o.resnet = resnet;
+    o.attention = attention_for(n - 1, true);
+    mid_block = register_module("mid_block", UNetMidBlock2DCrossAttn(o));
+  }
+
+  // Up block i mirrors down block n-1-i: same channels, heads and cross-attention dim, one more resnet.
+  output_channel = channels[n - 1];
+  for (size_t i = 0; i < n; ++i) {
+    const size_t mirror = n - 1 - i;
+    UpBlockOptions o;
+    o.prev_output_channels = output_channel;
+    o.out_channels = output_channel = channels[mirror];
+    o.in_channels = channels[mirror == 0 ? 0 : mirror - 1];
+    o.num_layers = c.layers_per_block.at(mirror) + 1;
+    o.add_upsample = i + 1 < n;
+    o.resnet = resnet;
+    o.attention = attention_for(mirror, c.up_block_types[i] == "CrossAttnUpBlock2D");
+    up_.push_back(UNetUpBlock(o));
+    up_blocks->push_back(up_.back());
+  }
+  register_module("up_blocks", up_blocks);
+
+  conv_norm_out = register_module(
+      "conv_norm_out", nn::GroupNorm(nn::GroupNormOptions(*c.norm_num_groups, channels[0]).eps(c.norm_eps)));
+  conv_out = register_module("conv_out", nn::Conv2d(nn::Conv2dOptions(channels[0], c.out_channels, c.conv_out_kernel)
+                                                        .padding((c.conv_out_kernel - 1) / 2)));
+}
+
+namespace {
+std::string shape_str(at::IntArrayRef s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+std::vector<at::Tensor> params_of(const nn::Module& m) { return m.parameters(/*recurse=*/true); }
+}  // namespace
+
+std::vector<at::Tensor> UNet2DConditionModelImpl::run_down(size_t i, const at::Tensor& h, const at::Tensor& temb,
+                                                           const at::Tensor& context) {
+  UNetDownBlock block = down_[i];
+  if (!gradient_checkpointing_) return block->forward(h, temb, context);
+  at::Tensor ctx = block->has_attention() ? context : at::Tensor();
+  auto impl = block.ptr();
+  return checkpoint([impl](const TensorList& in) { return impl->forward(in[0], in[1], in[2]); }, {h, temb, ctx},
+                    params_of(*impl));
+}
+
+at::Tensor UNet2DConditionModelImpl::run_mid(const at::Tensor& h, const at::Tensor& temb, const at::Tensor& context) {
+  UNetMidBlock2DCrossAttn block = mid_block;
+  if (!gradient_checkpointing_) return block->forward(h, temb, context);
+  auto impl = block.ptr();
+  return checkpoint([impl](const TensorList& in) { return TensorList{impl->forward(in[0], in[1], in[2])}; },
+                    {h, temb, context}, params_of(*impl))[0];
+}
+
+at::Tensor UNet2DConditionModelImpl::run_up(size_t i, const at::Tensor& h, const std::vector<at::Tensor>& skips,
+                                            const at::Tensor& temb, const at::Tensor& context,
+                                            const std::optional<std::vector<int64_t>>& upsample_size) {
+  UNetUpBlock block = up_[i];
+  if (!gradient_checkpointing_) return block->forward(h, skips, temb, context, upsample_size);
+  TensorList inputs{h, temb, block->has_attention() ? context : at::Tensor()};
+  inputs.insert(inputs.end(), skips.begin(), skips.end());
+  auto impl = block.ptr();
+  auto fn = [impl, upsample_size](const TensorList& in) {
+    TensorList block_skips(in.begin() + 3, in.end());
+    return TensorList{impl->forward(in[0], block_skips, in[1], in[2], upsample_size)};
+  };
+  return checkpoint(fn, inputs, params_of(*impl))[0];
+}
+
+at::Tensor UNet2DConditionModelImpl::forward(const at::Tensor& sample_in, const at::Tensor& timestep,
+                                             const at::Tensor& encoder_hidden_states) {
+  const UNetConfig& c = config_;
+  SD_CHECK(sample_in.dim() == 4 && sample_in.size(1) == c.in_channels,
+           "UNet: sample must be [N, {}, H, W], got {}", c.in_channels, shape_str(sample_in.sizes()));
+  SD_CHECK(sample_in.scalar_type() == conv_in->weight.scalar_type(), "UNet: sample dtype {} differs from the model's {}",
+           c10::toString(sample_in.scalar_type()), c10::toString(conv_in->weight.scalar_type()));
+  const int64_t batch = sample_in.size(0);
+  SD_CHECK(encoder_hidden_states.dim() == 3 && encoder_hidden_states.size(0) == batch &&
+               encoder_hidden_states.size(2) == c.cross_attention_dim.at(0),
+           "UNet: encoder_hidden_states must be [{}, L, {}], got {}", batch, c.cross_attention_dim.at(0),
+           shape_str(encoder_hidden_states.sizes()));
+  SD_CHECK(encoder_hidden_states.scalar_type() == sample_in.scalar_type(),
+           "UNet: encoder_hidden_states dtype {} differs from the model's {}",
+           c10::toString(encoder_hidden_states.scalar_type()), c10::toString(sample_in.scalar_type()));
+  SD_CHECK(timestep.defined() && (timestep.dim() == 0 || (timestep.dim() == 1 && (timestep.size(0) == batch ||
+                                                                                  timestep.size(0) == 1))),
+           "UNet: timestep must be a scalar or have {} (or 1) entries", batch);
+
+  // When H or W is not a multiple of the total upscale, each upsampler is told the size of its skip tensors.
+  const int64_t up_factor = int64_t{1} << (c.num_blocks() - 1);
+  const bool forward_upsample_size = sample_in.size(2) % up_factor != 0 || sample_in.size(3) % up_factor != 0;
+
+  at::Tensor sample = c.center_input_sample ? 2 * sample_in - 1.0 : sample_in;
+
+  // time: sinusoidal embedding in float32 whatever the model dtype, then the model's dtype.
+  at::Tensor t = timestep.dim() == 0 ? timestep.unsqueeze(0) : timestep;
+  t = t.to(sample.device()).expand({batch});
+  at::Tensor t_emb = timestep_embedding(t, c.block_out_channels[0], c.flip_sin_to_cos, c.freq_shift);
+  at::Tensor emb = time_embedding->forward(t_emb.to(sample.scalar_type()));  // [N, T]
+
+  sample = conv_in->forward(sample);
+  std::vector<at::Tensor> skips{sample};
+  for (size_t i = 0; i < down_.size(); ++i) {
+    auto res = run_down(i, sample, emb, encoder_hidden_states);
+    sample = res.back();
+    skips.insert(skips.end(), res.begin(), res.end());
+  }
+
+  if (mid_block) sample = run_mid(sample, emb, encoder_hidden_states);
+
+  std::optional<std::vector<int64_t>> upsample_size;
+  for (size_t i = 0; i < up_.size(); ++i) {
+    const size_t take = static_cast<size_t>(up_[i]->num_layers());
+    std::vector<at::Tensor> block_skips(skips.end() - take, skips.end());
+    skips.resize(skips.size() - take);
+    if (i + 1 < up_.size() && forward_upsample_size)
+      upsample_size = std::vector<int64_t>{skips.back().size(2), skips.back().size(3)};
+    sample = run_up(i, sample, block_skips, emb, encoder_hidden_states, upsample_size);
+  }
+
+  sample = activate(act_, group_norm(conv_norm_out, sample));
+  return conv_out->forward(sample);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+
+UNet2DConditionModel load_unet(const std::filesystem::path& dir, at::ScalarType dtype) {
+  SD_CHECK(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kDouble,
+           "load_unet: dtype must be float32, bfloat16 or float64, got {}", c10::toString(dtype));
+  UNetConfig config = UNetConfig::load((dir / "config.json").string());
+  const auto weights = dir / "diffusion_pytorch_model.safetensors";
+  SD_CHECK(std::filesystem::exists(weights), "{}: missing file (the UNet weights)", weights.string());
+  UNet2DConditionModel model(std::move(config));
+  model->to(dtype);
+  load_weights(*model, weights);
+  return model;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+
+namespace {
+
+// Parameter counts of the building blocks, mirroring their constructors.
+int64_t conv(int64_t in, int64_t out, int64_t k) { return in * out * k * k + out; }
+int64_t linear(int64_t in, int64_t out, bool bias = true) { return in * out + (bias ? out : 0); }
+int64_t norm(int64_t channels) { return 2 * channels; }
+
+int64_t resnet(int64_t in, int64_t out, int64_t temb) {
+  return norm(in) + conv(in, out, 3) + (temb > 0 ? linear(temb, out) : 0) + norm(out) + conv(out, out, 3) +
+         (in != out ? conv(in, out, 1) : 0);
+}
+
+int64_t attention(int64_t query_dim, int64_t context_dim, int64_t inner) {
+  return linear(query_dim, inner, false) + 2 * linear(context_dim, inner, false) + linear(inner, query_dim);
+}
+
+int64_t transformer(int64_t channels, int64_t heads, int64_t layers, int64_t context_dim) {
+  const int64_t inner = heads * (channels / heads);
+  const int64_t block = 3 * norm(inner) + attention(inner, inner, inner) + attention(inner, context_dim, inner) +
+                        linear(inner, 4 * inner * 2) + linear(4 * inner, inner);
+  // proj_in/proj_out: a 1×1 conv and a Linear have the same parameter count.
+  return norm(channels) + linear(channels, inner) + layers * block + linear(inner, channels);
+}
+
+}  // namespace
+
+int64_t count_parameters(const UNetConfig& c) {
+  c.validate();
+  const size_t n = c.num_blocks();
+  const auto& ch = c.block_out_channels;
+  const int64_t t = c.time_embed_dim();
+  int64_t total = conv(c.in_channels, ch[0], c.conv_in_kernel) + linear(ch[0], t) + linear(t, t);
+  auto attn = [&](size_t b) {
+    return transformer(ch[b], c.heads(b), c.transformer_layers_per_block.at(b), c.cross_attention_dim.at(b));
+  };
+  int64_t out = ch[0];
+  for (size_t i = 0; i < n; ++i) {
+    int64_t in = out;
+    out = ch[i];
+    for (int64_t l = 0; l < c.layers_per_block.at(i); ++l) {
+      total += resnet(l == 0 ? in : out, out, t);
+      if (c.down_block_types[i] == "CrossAttnDownBlock2D") total += attn(i);
+    }
+    if (i + 1 < n) total += conv(out, out, 3);
+  }
+  if (c.mid_block_type) total += 2 * resnet(ch[n - 1], ch[n - 1], t) + attn(n - 1);
+  out = ch[n - 1];
+  for (size_t i = 0; i < n; ++i) {
+    const size_t m = n - 1 - i;
+    const int64_t prev = out;
+    out = ch[m];
+    const int64_t in = ch[m == 0 ? 0 : m - 1];
+    const int64_t layers = c.layers_per_block.at(m) + 1;
+    for (int64_t l = 0; l < layers; ++l) {
+      total += resnet((l == 0 ? prev : out) + (l == layers - 1 ? in : out), out, t);
+      if (c.up_block_types[i] == "CrossAttnUpBlock2D") total += attn(m);
+    }
+    if (i + 1 < n) total += conv(out, out, 3);
+  }
+  return total + norm(ch[0]) + conv(ch[0], c.out_channels, c.conv_out_kernel);
+}
+
+}  // namespace sd::models

@@ -1,0 +1,74 @@
+// UNet2DConditionModel (diffusers 0.24) for SD-1.x / SD-2.x: the noise-prediction network, its loader and an
+// analytic parameter count.
+#pragma once
+#include <filesystem>
+
+#include "models/unet/unet_blocks.h"
+#include "models/unet/unet_config.h"
+
+namespace sd::models {
+
+// diffusers' get_timestep_embedding as Timesteps(dim, flip_sin_to_cos, freq_shift) calls it, always in float32.
+// timesteps: [N] any real or integer dtype -> [N, dim] float32
+at::Tensor timestep_embedding(const at::Tensor& timesteps, int64_t dim, bool flip_sin_to_cos, double freq_shift);
+
+// linear_1 → act → linear_2.
+class TimestepEmbeddingImpl : public torch::nn::Module {
+ public:
+  TimestepEmbeddingImpl(int64_t in_channels, int64_t time_embed_dim, Activation act);
+  // x: [N, in] -> [N, time_embed_dim]
+  at::Tensor forward(const at::Tensor& x);
+
+  torch::nn::Linear linear_1{nullptr}, linear_2{nullptr};
+
+ private:
+  Activation act_;
+};
+TORCH_MODULE(TimestepEmbedding);
+
+//   sample ─ conv_in ─ down_blocks ─ mid_block ─ up_blocks (+ skips) ─ conv_norm_out ─ act ─ conv_out
+//   timestep ─ time_proj (sinusoidal) ─ time_embedding ─────┘ (into every resnet)
+//   encoder_hidden_states ───────────────────────────────────┘ (into every cross-attention)
+class UNet2DConditionModelImpl : public torch::nn::Module {
+ public:
+  explicit UNet2DConditionModelImpl(UNetConfig config);
+
+  // sample: [N, in_channels, H, W]; timestep: [N] or [] (int64 or floating, broadcast to N);
+  // encoder_hidden_states: [N, L, cross_attention_dim] -> [N, out_channels, H, W]
+  at::Tensor forward(const at::Tensor& sample, const at::Tensor& timestep, const at::Tensor& encoder_hidden_states);
+
+  // Recompute each down/mid/up block in the backward pass instead of storing its activations.
+  void set_gradient_checkpointing(bool enabled) { gradient_checkpointing_ = enabled; }
+  bool gradient_checkpointing() const { return gradient_checkpointing_; }
+
+  const UNetConfig& config() const { return config_; }
+
+  torch::nn::Conv2d conv_in{nullptr}, conv_out{nullptr};
+  TimestepEmbedding time_embedding{nullptr};
+  torch::nn::ModuleList down_blocks, up_blocks;
+  UNetMidBlock2DCrossAttn mid_block{nullptr};
+  torch::nn::GroupNorm conv_norm_out{nullptr};
+
+ private:
+  std::vector<at::Tensor> run_down(size_t i, const at::Tensor& h, const at::Tensor& temb, const at::Tensor& context);
+  at::Tensor run_mid(const at::Tensor& h, const at::Tensor& temb, const at::Tensor& context);
+  at::Tensor run_up(size_t i, const at::Tensor& h, const std::vector<at::Tensor>& skips, const at::Tensor& temb,
+                    const at::Tensor& context, const std::optional<std::vector<int64_t>>& upsample_size);
+
+  UNetConfig config_;
+  Activation act_;
+  std::vector<UNetDownBlock> down_;
+  std::vector<UNetUpBlock> up_;
+  bool gradient_checkpointing_ = false;
+};
+TORCH_MODULE(UNet2DConditionModel);
+
+// Reads <dir>/config.json and <dir>/diffusion_pytorch_model.safetensors (a diffusers `unet/` folder) into a
+// model of `dtype` (float32 or bfloat16; stored float16/bfloat16/float32 weights are converted).
+UNet2DConditionModel load_unet(const std::filesystem::path& dir, at::ScalarType dtype = at::kFloat);
+
+// Parameters a UNet2DConditionModel built from `config` has, computed from the config alone (so the count of
+// SD-1.5's 860M-parameter UNet needs no memory).
+int64_t count_parameters(const UNetConfig& config);
+
+}  // namespace sd::models
