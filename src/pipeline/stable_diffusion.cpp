@@ -24,15 +24,16 @@ void check_pipeline_layout(const fs::path& dir) {
 StableDiffusion load_pipeline(const fs::path& dir, const ComponentDtypes& dtypes, const fs::path& tokenizer_dir) {
   check_pipeline_layout(dir);
   StableDiffusion pipe{io::JsonConfig::load(dir / "model_index.json").raw(),
-                       text::ClipTokenizer::load(tokenizer_dir.empty() ? dir / "tokenizer" : tokenizer_dir)};
-  pipe.scheduler_config = schedulers::SchedulerConfig::load(dir / "scheduler" / "scheduler_config.json");
+                       text::ClipTokenizer::load(tokenizer_dir.empty() ? dir / "tokenizer" : tokenizer_dir),
+                       nullptr, nullptr, nullptr,
+                       schedulers::SchedulerConfig::load(dir / "scheduler" / "scheduler_config.json")};
   pipe.text_encoder = models::load_text_encoder(dir / "text_encoder", dtypes.text_encoder);
   pipe.vae = models::load_vae(dir / "vae", dtypes.vae);
   pipe.unet = models::load_unet(dir / "unet", dtypes.unet);
   const int64_t width = pipe.text_encoder->config().hidden_size;
-  SD_CHECK(pipe.unet->config().cross_attention_dim == width,
-           "{}: the UNet's cross_attention_dim ({}) differs from the text encoder's hidden_size ({})", dir.string(),
-           pipe.unet->config().cross_attention_dim, width);
+  for (int64_t dim : pipe.unet->config().cross_attention_dim.values)
+    SD_CHECK(dim == width, "{}: the UNet's cross_attention_dim ({}) differs from the text encoder's hidden_size ({})",
+             dir.string(), dim, width);
   return pipe;
 }
 
