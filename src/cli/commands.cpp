@@ -16,6 +16,8 @@ int run(int argc, char** argv) {
   app.set_help_all_flag("--help-all", "Show every subcommand's flags");
   std::function<int()> chosen;
   // Each add_* registers one subcommand and sets `chosen` when it is parsed.
+  add_init(app, chosen);
+  add_inspect(app, chosen);
   add_tokenize(app, chosen);
   try {
     app.parse(argc, argv);

@@ -1,0 +1,44 @@
+// `sdtrain init --preset NAME --out DIR [--seed N] [--save_dtype T]`: a randomly initialised pipeline in the
+// diffusers layout, for training from scratch, benchmarks and demos.
+#include <cstdio>
+
+#include "cli/commands.h"
+#include "cli/flags.h"
+#include "pipeline/presets.h"
+
+namespace sd::cli {
+
+namespace {
+
+struct InitOptions {
+  std::string preset;
+  std::string out;
+  uint64_t seed = 0;
+  std::string save_dtype = "float32";
+};
+
+int run_init(const InitOptions& o) {
+  const at::ScalarType dtype = o.save_dtype == "float16" ? at::kHalf
+                               : o.save_dtype == "bfloat16" ? at::kBFloat16
+                                                            : at::kFloat;
+  pipeline::write_preset(o.preset, o.seed, o.out, dtype);
+  std::printf("%s\n", o.out.c_str());
+  return 0;
+}
+
+}  // namespace
+
+void add_init(CLI::App& app, std::function<int()>& chosen) {
+  auto* cmd = app.add_subcommand("init", "Write a randomly initialised pipeline (diffusers layout)");
+  auto o = std::make_shared<InitOptions>();
+  flag(cmd, "--preset", o->preset, "Architecture: tiny, sd15, sd2-base or sd2-768-v")
+      ->required()
+      ->check(CLI::IsMember(pipeline::preset_names()));
+  flag(cmd, "--out", o->out, "Output folder")->required();
+  flag(cmd, "--seed", o->seed, "Seed of the random weights");
+  flag(cmd, "--save_dtype", o->save_dtype, "dtype of the stored weights")
+      ->check(CLI::IsMember({"float32", "float16", "bfloat16"}));
+  cmd->callback([o, &chosen] { chosen = [o] { return run_init(*o); }; });
+}
+
+}  // namespace sd::cli
