@@ -25,7 +25,8 @@ void add_textual_inversion(CLI::App& app, std::function<int()>& chosen) {
   switch_flag(cmd, "--center_crop", o->center_crop, "Center-crop images to a square before resizing");
   flag(cmd, "--train_batch_size", o->train_batch_size, "Images per rank per micro-batch")->check(CLI::PositiveNumber);
   flag(cmd, "--num_train_epochs", o->num_train_epochs, "Epochs, used when --max_train_steps is not given");
-  flag(cmd, "--max_train_steps", o->max_train_steps, "Optimizer steps; overrides --num_train_epochs");
+  flag(cmd, "--max_train_steps", o->max_train_steps, "Optimizer steps; overrides --num_train_epochs")
+      ->check(CLI::PositiveNumber);
   flag(cmd, "--gradient_accumulation_steps", o->gradient_accumulation_steps, "Micro-batches per optimizer step")
       ->check(CLI::PositiveNumber);
   switch_flag(cmd, "--gradient_checkpointing", o->gradient_checkpointing,
@@ -47,17 +48,18 @@ void add_textual_inversion(CLI::App& app, std::function<int()>& chosen) {
        "bf16 runs the frozen UNet and VAE in bfloat16; fp16 is taken as bf16 on CPU")
       ->check(CLI::IsMember({"no", "fp16", "bf16"}));
   flag(cmd, "--output_dir", o->output_dir, "Where embeddings, checkpoints and logs go");
-  flag(cmd, "--save_steps", o->save_steps, "Write learned_embeds-steps-N every N steps");
+  flag(cmd, "--save_steps", o->save_steps, "Write learned_embeds-steps-N every N steps")->check(CLI::PositiveNumber);
   switch_flag(cmd, "--save_as_full_pipeline", o->save_as_full_pipeline,
               "Also write the whole pipeline with the extended tokenizer and text encoder");
   switch_flag(cmd, "--no_safe_serialization", o->no_safe_serialization,
               "Accepted; sdtrain always writes safetensors (it cannot write Python pickles)");
-  flag(cmd, "--checkpointing_steps", o->checkpointing_steps, "Write a resumable checkpoint-N every N steps");
+  flag(cmd, "--checkpointing_steps", o->checkpointing_steps, "Write a resumable checkpoint-N every N steps")
+      ->check(CLI::PositiveNumber);
   flag(cmd, "--checkpoints_total_limit", o->checkpoints_total_limit, "Keep at most this many checkpoints");
   flag(cmd, "--resume_from_checkpoint", o->resume_from_checkpoint, "A checkpoint-N folder, or 'latest'");
   flag(cmd, "--validation_prompt", o->validation_prompt, "Prompt for validation images");
   flag(cmd, "--num_validation_images", o->num_validation_images, "Validation images per validation");
-  flag(cmd, "--validation_steps", o->validation_steps, "Validate every N steps");
+  flag(cmd, "--validation_steps", o->validation_steps, "Validate every N steps")->check(CLI::PositiveNumber);
   flag(cmd, "--logging_dir", o->logging_dir, "Metrics log folder, relative to --output_dir");
   flag(cmd, "--report_to", o->report_to, "Accepted; sdtrain writes JSON-lines metrics to --logging_dir");
   flag(cmd, "--dataloader_num_workers", o->dataloader_num_workers,

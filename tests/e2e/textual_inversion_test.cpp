@@ -1,0 +1,140 @@
+// End-to-end: `sdtrain textual-inversion` on the tiny preset and images the test draws.
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "io/atomic_file.h"
+#include "io/image.h"
+#include "io/safetensors.h"
+#include "pipeline/stable_diffusion.h"
+#include "test_util.h"
+
+namespace sd {
+namespace {
+
+namespace fs = std::filesystem;
+using sd::test::run_command;
+
+std::string sdtrain(const std::string& args) { return sd::test::sdtrain_binary() + " " + args; }
+
+// A tiny pipeline and a folder of three drawn images, shared by the tests of this file.
+class TextualInversionE2E : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new sd::test::TempDir();
+    auto r = run_command(sdtrain("init --preset tiny --seed 5 --out " + model().string()));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    fs::create_directories(images());
+    for (int i = 0; i < 3; ++i) {
+      io::RgbImage image{70 + 10 * i, 60, {}};
+      image.pixels.resize(static_cast<size_t>(image.width) * image.height * 3);
+      for (size_t p = 0; p < image.pixels.size(); ++p) image.pixels[p] = static_cast<uint8_t>((p * (7 + i)) % 251);
+      io::save_png(images() / ("img" + std::to_string(i) + ".png"), image);
+    }
+  }
+  static void TearDownTestSuite() { delete dir_; }
+  static fs::path model() { return dir_->path() / "model"; }
+  static fs::path images() { return dir_->path() / "images"; }
+
+  // The seed deployment's flags, scaled to the tiny model.
+  static std::string train_args(const fs::path& out, const std::string& extra = "") {
+    return "textual-inversion --pretrained_model_name_or_path=" + model().string() +
+           " --train_data_dir=" + images().string() +
+           " --learnable_property=object --placeholder_token=\"<dicoo>\" --initializer_token=toy --resolution=32"
+           " --train_batch_size=2 --seed=7 --gradient_accumulation_steps=1 --learning_rate=2.0e-03 --scale_lr"
+           " --lr_scheduler=constant --lr_warmup_steps=0 --threads 1 --output_dir=" +
+           out.string() + " " + extra;
+  }
+
+  sd::test::TempDir out_;
+  static sd::test::TempDir* dir_;
+};
+sd::test::TempDir* TextualInversionE2E::dir_ = nullptr;
+
+TEST_F(TextualInversionE2E, TrainsAndWritesEveryOutput) {
+  auto r = run_command(sdtrain(train_args(out_.path(), "--max_train_steps=4 --save_steps=2 --checkpointing_steps=2 "
+                                                       "--checkpoints_total_limit=1 --save_as_full_pipeline")));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const fs::path out = out_.path();
+  io::SafeTensorsFile embeds(out / "learned_embeds.safetensors");
+  EXPECT_EQ(embeds.names(), std::vector<std::string>{"<dicoo>"});
+  EXPECT_EQ(embeds.entry("<dicoo>").shape, (std::vector<int64_t>{1, 32}));
+  EXPECT_EQ(embeds.metadata().at("format"), "pt");
+  EXPECT_TRUE(fs::exists(out / "learned_embeds-steps-2.safetensors"));
+  EXPECT_TRUE(fs::exists(out / "learned_embeds-steps-4.safetensors"));
+  EXPECT_FALSE(fs::exists(out / "checkpoint-2")) << "--checkpoints_total_limit=1 keeps only the newest";
+  EXPECT_TRUE(fs::exists(out / "checkpoint-4" / "optimizer.safetensors"));
+
+  std::ifstream log(out / "logs" / "metrics.jsonl");
+  std::string line;
+  int lines = 0;
+  while (std::getline(log, line)) {
+    auto record = nlohmann::json::parse(line);
+    EXPECT_EQ(record["step"], ++lines);
+    EXPECT_DOUBLE_EQ(record["lr"].get<double>(), 2e-3 * 2);  // --scale_lr: x batch 2 x accumulation 1 x 1 rank
+    EXPECT_GT(record["images_per_s"].get<double>(), 0);
+  }
+  EXPECT_EQ(lines, 4);
+
+  // The full pipeline knows the token, and its embedding row is the learned one.
+  pipeline::StableDiffusion pipe = pipeline::load_pipeline(out);
+  auto id = pipe.tokenizer.token_to_id("<dicoo>");
+  ASSERT_TRUE(id.has_value());
+  EXPECT_EQ(*id, 49408);
+  auto learned = io::load_safetensors(out / "learned_embeds.safetensors").at("<dicoo>");
+  EXPECT_TRUE(at::equal(pipe.text_encoder->token_embedding()->weight[*id], learned[0]));
+  auto toy = pipe.tokenizer.encode_tokens("toy").at(0);
+  EXPECT_FALSE(at::equal(learned[0], pipe.text_encoder->token_embedding()->weight[toy])) << "the embedding moved";
+}
+
+TEST_F(TextualInversionE2E, ResumeFromLatestIsBitIdenticalToAnUninterruptedRun) {
+  const fs::path whole = out_.path() / "whole", split = out_.path() / "split";
+  auto a = run_command(sdtrain(train_args(whole, "--max_train_steps=6 --gradient_accumulation_steps=2")));
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  auto b1 = run_command(sdtrain(train_args(split, "--max_train_steps=3 --checkpointing_steps=3 --gradient_accumulation_steps=2")));
+  ASSERT_EQ(b1.exit_code, 0) << b1.output;
+  auto b2 = run_command(sdtrain(train_args(split, "--max_train_steps=6 --gradient_accumulation_steps=2 "
+                                                  "--resume_from_checkpoint latest")));
+  ASSERT_EQ(b2.exit_code, 0) << b2.output;
+  EXPECT_NE(b2.output.find("resuming from"), std::string::npos) << b2.output;
+  EXPECT_EQ(io::read_text_file(whole / "learned_embeds.safetensors"), io::read_text_file(split / "learned_embeds.safetensors"));
+}
+
+TEST_F(TextualInversionE2E, MultiVectorStyle) {
+  auto r = run_command(sdtrain(train_args(out_.path(), "--max_train_steps=2 --num_vectors=3 --learnable_property=style "
+                                                       "--mixed_precision=bf16")));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  io::SafeTensorsFile embeds(out_.path() / "learned_embeds.safetensors");
+  EXPECT_EQ(embeds.entry("<dicoo>").shape, (std::vector<int64_t>{3, 32}));
+}
+
+void expect_one_line_error(const sd::test::CommandResult& r, const std::string& fragment) {
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(fragment), std::string::npos) << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+}
+
+TEST_F(TextualInversionE2E, BadInputs) {
+  const fs::path out = out_.path();
+  expect_one_line_error(run_command(sdtrain(train_args(out, "--max_train_steps=1 --placeholder_token=toy"))),
+                        "the tokenizer already contains the token 'toy'");
+  expect_one_line_error(run_command(sdtrain(train_args(out, "--max_train_steps=1 --initializer_token='red car'"))),
+                        "--initializer_token 'red car' must be a single token, but it is 2 tokens");
+  sd::test::TempDir empty;
+  expect_one_line_error(
+      run_command(sdtrain(train_args(out, "--max_train_steps=1 --train_data_dir=" + empty.path().string()))),
+      "no images");
+  expect_one_line_error(run_command(sdtrain(train_args(out, "--max_train_steps=1 --train_data_dir=/nonexistent/x"))),
+                        "--train_data_dir /nonexistent/x: not a directory");
+  expect_one_line_error(run_command(sdtrain(train_args(out, "--max_train_steps=1 --resolution=30"))),
+                        "--resolution 30 must be divisible by 4");
+  auto bad_value = run_command(sdtrain(train_args(out, "--lr_scheduler=exponential")));
+  EXPECT_NE(bad_value.exit_code, 0);
+  EXPECT_NE(bad_value.output.find("--lr_scheduler"), std::string::npos) << bad_value.output;
+  auto bad_precision = run_command(sdtrain(train_args(out, "--mixed_precision=fp8")));
+  EXPECT_NE(bad_precision.exit_code, 0);
+  EXPECT_NE(bad_precision.output.find("--mixed_precision"), std::string::npos) << bad_precision.output;
+  EXPECT_FALSE(fs::exists(out / "learned_embeds.safetensors"));
+}
+
+}  // namespace
+}  // namespace sd
