@@ -82,6 +82,8 @@ int run_dist_check(const DistCheckOptions& o) {
   int64_t steps = 0;
   bool stopped = false;
   if (o.wait_for_stop) {
+    std::fprintf(stderr, "dist-check: rank %d waiting for a stop signal\n", env.rank);
+    std::fflush(stderr);
     while (!(stopped = dist::any_rank_stopping(*comm))) {
       ++steps;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));

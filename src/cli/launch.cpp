@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "dist/rendezvous.h"
 
 namespace sd::cli {
 namespace {
@@ -77,6 +78,28 @@ int run_launch(const LaunchOptions& o) {
   sigset_t previous;
   sigprocmask(SIG_BLOCK, &handled, &previous);
 
+  // Arguments and environments are built before forking: a forked child may only make async-signal-safe calls.
+  std::vector<std::string> args{exe};
+  args.insert(args.end(), o.command.begin(), o.command.end());
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::vector<std::vector<std::string>> env_entries(o.nproc_per_node);
+  std::vector<std::vector<char*>> envs(o.nproc_per_node);
+  for (int k = 0; k < o.nproc_per_node; ++k) {
+    auto env = dist::current_environment();
+    env["RANK"] = std::to_string(k);
+    env["WORLD_SIZE"] = std::to_string(o.nproc_per_node);
+    env["LOCAL_RANK"] = std::to_string(k);
+    env["LOCAL_WORLD_SIZE"] = std::to_string(o.nproc_per_node);
+    env["MASTER_ADDR"] = "127.0.0.1";
+    env["MASTER_PORT"] = std::to_string(port);
+    env["SDTRAIN_LAUNCH"] = "1";
+    for (const auto& [key, value] : env) env_entries[k].push_back(key + "=" + value);
+    for (auto& e : env_entries[k]) envs[k].push_back(e.data());
+    envs[k].push_back(nullptr);
+  }
+
   const pid_t launcher_pid = getpid();
   std::map<pid_t, int> live;  // pid -> local rank
   std::fflush(nullptr);
@@ -92,21 +115,10 @@ int run_launch(const LaunchOptions& o) {
       setpgid(0, 0);
       prctl(PR_SET_PDEATHSIG, SIGTERM);
       if (getppid() != launcher_pid) _exit(1);
-      setenv("RANK", std::to_string(k).c_str(), 1);
-      setenv("WORLD_SIZE", std::to_string(o.nproc_per_node).c_str(), 1);
-      setenv("LOCAL_RANK", std::to_string(k).c_str(), 1);
-      setenv("LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node).c_str(), 1);
-      setenv("MASTER_ADDR", "127.0.0.1", 1);
-      setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-      setenv("SDTRAIN_LAUNCH", "1", 1);
       sigprocmask(SIG_SETMASK, &previous, nullptr);
-      std::vector<std::string> args{exe};
-      args.insert(args.end(), o.command.begin(), o.command.end());
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(exe.c_str(), argv.data());
-      std::fprintf(stderr, "sdtrain launch: cannot run %s: %s\n", exe.c_str(), std::strerror(errno));
+      execve(exe.c_str(), argv.data(), envs[k].data());
+      const char msg[] = "sdtrain launch: cannot execute /proc/self/exe\n";
+      (void)!write(2, msg, sizeof msg - 1);
       _exit(127);
     }
     live[pid] = k;

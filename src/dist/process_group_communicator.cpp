@@ -39,6 +39,24 @@ std::string seconds_text(milliseconds t) {
   return s == std::floor(s) ? fmt::format("{:.0f} s", s) : fmt::format("{:g} s", s);
 }
 
+// SDTRAIN_DIST_DEBUG=1: timestamped lines about rendezvous, failures and diagnosis on stderr.
+bool debug_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("SDTRAIN_DIST_DEBUG");
+    return v && *v && std::string(v) != "0";
+  }();
+  return enabled;
+}
+
+template <typename... Args>
+void debug(fmt::format_string<Args...> format, Args&&... args) {
+  if (!debug_enabled()) return;
+  static const auto start = Clock::now();
+  double t = std::chrono::duration<double>(Clock::now() - start).count();
+  std::string line = fmt::format("[sdtrain dist {:.3f}s] ", t) + fmt::format(format, std::forward<Args>(args)...) + "\n";
+  std::fputs(line.c_str(), stderr);
+}
+
 std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
 std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
 
@@ -187,8 +205,10 @@ class ProcessGroupCommunicator : public Communicator {
   ProcessGroupCommunicator(const DistEnv& env, const CommOptions& opts) : env_(env), opts_(opts) {
     interval_ = std::clamp(milliseconds(opts.timeout.count() / 20), milliseconds(200), milliseconds(1000));
     window_ = std::max(interval_ * 5, milliseconds(1000));
+    debug("rank {}: connecting to the store at {}:{}", env_.rank, env_.master_addr, env_.master_port);
     connect_store();
     join();
+    debug("rank {}: all {} ranks joined", env_.rank, env_.world_size);
     monitor_ = std::thread([this] { monitor_loop(); });
     try {
       create_process_group();
@@ -196,6 +216,7 @@ class ProcessGroupCommunicator : public Communicator {
       shutdown(true);
       throw;
     }
+    debug("rank {}: process group ready (data plane on {})", env_.rank, address_);
   }
 
   ~ProcessGroupCommunicator() override { shutdown(std::uncaught_exceptions() > 0); }
@@ -271,6 +292,7 @@ class ProcessGroupCommunicator : public Communicator {
       work->wait(opts_.timeout + window_);
     } catch (const std::exception& e) {
       std::string cause = first_line(e);
+      debug("rank {}: {} failed: {}", env_.rank, op_name(seq), cause);
       fail_collective(seq, cause, looks_like_timeout(cause) || cause.find("Operation timed out") != std::string::npos);
     }
   }
@@ -301,7 +323,9 @@ class ProcessGroupCommunicator : public Communicator {
   }
 
   [[noreturn]] void fail_collective(int64_t seq, const std::string& cause, bool timed_out) {
-    throw Error(diagnose(op_name(seq), seq, cause, timed_out));
+    std::string message = diagnose(op_name(seq), seq, cause, timed_out);
+    debug("rank {}: diagnosis: {}", env_.rank, message);
+    throw Error(message);
   }
 
   void connect_store() {
@@ -327,6 +351,18 @@ class ProcessGroupCommunicator : public Communicator {
   }
 
   void join() {
+    try {
+      join_store();
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      fail("rank {} lost the connection to the master store at {}:{} while the ranks were joining (did rank 0 exit? "
+           "see its message): {}",
+           env_.rank, env_.master_addr, env_.master_port, first_line(e));
+    }
+  }
+
+  void join_store() {
     const std::string info = fmt::format("{} {} {}", env_.world_size, hostname(), getpid());
     int64_t count = store_->add(kJoinCountKey, 1);
     store_->set(join_key(env_.rank), bytes(info));
@@ -465,8 +501,10 @@ class ProcessGroupCommunicator : public Communicator {
       return std::nullopt;
     };
     std::string message;
+    debug("rank {}: diagnosing {} ({})", env_.rank, op, cause);
     try {
       read_all(true);
+      if (auto f = published_fault()) return *f;
       auto announced_error = [&] {
         return std::any_of(exits.begin(), exits.end(), [](const std::string& e) { return !e.empty() && e != "finished"; });
       };
@@ -478,6 +516,8 @@ class ProcessGroupCommunicator : public Communicator {
         for (int r = 0; r < world; ++r)
           if (r != env_.rank && exits[r].empty() && store_->check({exit_key(r)})) exits[r] = text(store_->get(exit_key(r)));
       }
+      // Whoever concluded first also announced its exit only after publishing: prefer its conclusion.
+      if (auto f = published_fault()) return *f;
       read_all(false);
       std::vector<int> exited_ok, exited_err, silent, behind;
       for (int r = 0; r < world; ++r) {
@@ -501,11 +541,19 @@ class ProcessGroupCommunicator : public Communicator {
                               "collectives",
                               rank_list(exited_ok), op);
       } else if (!behind.empty()) {
+        // Ranks waiting for a stuck rank fall behind too (a broadcast root waits for its receivers): blame the
+        // rank(s) furthest behind, at the collective they never reached.
+        int64_t least = issued[behind.front()];
+        for (int r : behind) least = std::min(least, issued[r]);
+        std::vector<int> stuck;
+        for (int r : behind)
+          if (issued[r] == least) stuck.push_back(r);
         message = fmt::format("{} did not reach {} within {} (alive but not calling it: stuck, or running a different "
                               "sequence of collectives)",
-                              rank_list(behind), op, seconds_text(opts_.timeout));
+                              rank_list(stuck), op_name(least + 1), seconds_text(opts_.timeout));
       } else {
-        message = fmt::format("{} failed on rank {} and no other rank looks lost or late: {}", op, env_.rank, cause);
+        message = fmt::format("{} failed on rank {} and no other rank looks lost or late: {}{}", op, env_.rank, cause,
+                              timed_out ? " (data-plane network blocked? check --dist_iface / GLOO_SOCKET_IFNAME)" : "");
       }
       message += fmt::format(" [seen by rank {}]", env_.rank);
       // The first conclusion wins, so that all ranks print the same line.
@@ -543,11 +591,26 @@ class ProcessGroupCommunicator : public Communicator {
     }
     if (env_.rank == 0) {
       // Keep the store up until every rank said goodbye, so late ranks can still diagnose and see a clean end.
+      // Ranks that died without a goodbye are recognised by a heartbeat that stopped changing.
       try {
         store_->set(kShutdownKey, bytes("1"));
         auto deadline = Clock::now() + (error ? window_ * 2 : opts_.timeout);
-        for (int r = 1; r < env_.world_size; ++r)
-          while (!store_->check({exit_key(r)}) && Clock::now() < deadline) std::this_thread::sleep_for(milliseconds(20));
+        std::vector<std::string> last_hb(env_.world_size);
+        std::vector<Clock::time_point> changed(env_.world_size, Clock::now());
+        while (Clock::now() < deadline) {
+          bool waiting = false;
+          for (int r = 1; r < env_.world_size; ++r) {
+            if (store_->check({exit_key(r)})) continue;
+            std::string hb = store_->check({heartbeat_key(r)}) ? text(store_->get(heartbeat_key(r))) : "";
+            if (hb != last_hb[r]) {
+              last_hb[r] = hb;
+              changed[r] = Clock::now();
+            }
+            if (Clock::now() - changed[r] < 3 * interval_) waiting = true;
+          }
+          if (!waiting) break;
+          std::this_thread::sleep_for(milliseconds(20));
+        }
       } catch (...) {
       }
     }
