@@ -9,6 +9,8 @@ void add_inspect(CLI::App& app, std::function<int()>& chosen);
 void add_tokenize(CLI::App& app, std::function<int()>& chosen);
 void add_generate(CLI::App& app, std::function<int()>& chosen);
 void add_textual_inversion(CLI::App& app, std::function<int()>& chosen);
+void add_launch(CLI::App& app, std::function<int()>& chosen);
+void add_dist_check(CLI::App& app, std::function<int()>& chosen);
 
 int run(int argc, char** argv) {
   CLI::App app{"sdtrain: train and run Stable Diffusion (diffusers layout), natively"};
@@ -19,6 +21,9 @@ int run(int argc, char** argv) {
   add_init(app, chosen);
   add_inspect(app, chosen);
   add_tokenize(app, chosen);
+  add_textual_inversion(app, chosen);
+  add_launch(app, chosen);
+  add_dist_check(app, chosen);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,41 @@
+#include "dist/communicator.h"
+
+#include <cmath>
+
+#include "core/error.h"
+
+namespace sd::dist {
+
+void Communicator::allreduce_mean(std::vector<at::Tensor>& tensors) {
+  for (const auto& t : tensors)
+    SD_CHECK(at::isFloatingType(t.scalar_type()), "allreduce_mean needs floating-point tensors, got {}",
+             std::string(c10::toString(t.scalar_type())));
+  allreduce_sum(tensors);
+  if (world_size() == 1) return;
+  for (auto& t : tensors) t.div_(world_size());
+}
+
+namespace {
+class DonePending : public PendingCollective {
+ public:
+  void wait() override {}
+};
+}  // namespace
+
+void LocalCommunicator::allreduce_sum(std::vector<at::Tensor>& tensors) {}
+
+std::unique_ptr<PendingCollective> LocalCommunicator::allreduce_sum_async(at::Tensor tensor) {
+  return std::make_unique<DonePending>();
+}
+
+void LocalCommunicator::broadcast(at::Tensor& tensor, int root) {
+  SD_CHECK(root == 0, "broadcast root {} does not exist in a world of 1", root);
+}
+
+std::chrono::milliseconds timeout_from_seconds(double seconds, const std::string& flag) {
+  SD_CHECK(std::isfinite(seconds) && seconds > 0 && seconds < 1e7, "{} must be a positive number of seconds, got {}",
+           flag, seconds);
+  return std::chrono::milliseconds(static_cast<int64_t>(std::llround(seconds * 1000)));
+}
+
+}  // namespace sd::dist

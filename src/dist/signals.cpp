@@ -1,0 +1,61 @@
+#include "dist/signals.h"
+
+#include <csignal>
+#include <atomic>
+
+namespace sd::dist {
+namespace {
+
+// Lock-free atomics are async-signal-safe; std::atomic<int> is lock-free on every platform we build for.
+std::atomic<int> g_stop_signal{0};
+std::atomic<bool> g_stop{false};
+static_assert(std::atomic<int>::is_always_lock_free && std::atomic<bool>::is_always_lock_free);
+
+extern "C" void on_stop_signal(int sig) {
+  if (g_stop_signal.load() == sig) {
+    // Second time: the user insists. signal() and raise() are async-signal-safe.
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
+    return;
+  }
+  g_stop_signal.store(sig);
+  g_stop.store(true);
+}
+
+void set_handler(int sig, void (*handler)(int)) {
+  struct sigaction sa {};
+  sa.sa_handler = handler;
+  sigemptyset(&sa.sa_mask);
+  // Restart interrupted reads/writes: the flag is polled, nothing needs EINTR.
+  sa.sa_flags = SA_RESTART;
+  sigaction(sig, &sa, nullptr);
+}
+
+}  // namespace
+
+void install_stop_signal_handlers() {
+  set_handler(SIGTERM, on_stop_signal);
+  set_handler(SIGINT, on_stop_signal);
+}
+
+void uninstall_stop_signal_handlers() {
+  set_handler(SIGTERM, SIG_DFL);
+  set_handler(SIGINT, SIG_DFL);
+}
+
+bool stop_requested() { return g_stop.load(); }
+int stop_signal() { return g_stop_signal.load(); }
+void request_stop() { g_stop.store(true); }
+void clear_stop_request() {
+  g_stop.store(false);
+  g_stop_signal.store(0);
+}
+
+bool any_rank_stopping(Communicator& comm) {
+  auto flags = comm.all_gather({stop_requested() ? 1 : 0});
+  for (auto f : flags)
+    if (f) return true;
+  return false;
+}
+
+}  // namespace sd::dist

@@ -1,0 +1,16 @@
+// How many intra-op threads this rank should use: the flag, else the cores this process may run on divided by
+// the ranks sharing the machine (so `-ppn 2` on 2 cores gives 1 thread each). The caller applies it with
+// at::set_num_threads.
+#pragma once
+#include <optional>
+
+#include "dist/rendezvous.h"
+
+namespace sd::dist {
+
+// CPUs in this process's affinity mask (what taskset, Slurm's cgroups/cpusets and mpirun binding give it).
+int affinity_core_count();
+
+int threads_for_rank(std::optional<int> flag, const DistEnv& env);
+
+}  // namespace sd::dist

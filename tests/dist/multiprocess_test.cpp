@@ -1,0 +1,302 @@
+// The real binary's dist-check under every launcher (sdtrain launch, Open MPI, MPICH Hydra, torchrun-style
+// variables), plus faults: a rank SIGKILLed, a rank hung, SIGTERM agreement, launch's failure propagation.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <nlohmann/json.hpp>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "dist/threads.h"
+#include "process_util.h"
+#include "test_util.h"
+
+extern char** environ;
+
+namespace sd::dist {
+namespace {
+
+using json = nlohmann::json;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+using sd::test::Process;
+
+// Removes whatever launcher started the test binary itself, so each test sees only the launcher it sets up.
+std::map<std::string, std::string> clean_env() {
+  std::map<std::string, std::string> env;
+  const std::vector<std::string> prefixes{"OMPI_", "PMI_", "PMIX_", "MPI_LOCAL", "SLURM_", "HYDRA_", "I_MPI_"};
+  const std::set<std::string> names{"RANK",        "WORLD_SIZE",         "LOCAL_RANK",        "LOCAL_WORLD_SIZE",
+                                    "MASTER_ADDR", "MASTER_PORT",        "GLOO_SOCKET_IFNAME", "SDTRAIN_LAUNCH",
+                                    "TORCHELASTIC_RUN_ID"};
+  for (char** e = environ; e && *e; ++e) {
+    std::string entry(*e);
+    std::string key = entry.substr(0, entry.find('='));
+    bool drop = names.count(key) > 0;
+    for (const auto& p : prefixes) drop = drop || key.rfind(p, 0) == 0;
+    if (drop) env[key] = "\x01unset";
+  }
+  return env;
+}
+
+std::vector<json> json_lines(const std::string& output) {
+  std::vector<json> lines;
+  std::istringstream in(output);
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.empty() && line[0] == '{') lines.push_back(json::parse(line));
+  return lines;
+}
+
+std::vector<std::string> lines_of(const std::string& output) {
+  std::vector<std::string> lines;
+  std::istringstream in(output);
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.empty()) lines.push_back(line);
+  return lines;
+}
+
+// Every rank 0..world-1 reported once, with correct collectives and the expected launcher and placement.
+void expect_world(const std::vector<json>& lines, int world, const std::string& launcher, int local_world,
+                  const std::string& output) {
+  ASSERT_EQ(static_cast<int>(lines.size()), world) << output;
+  std::set<int> ranks;
+  for (const auto& l : lines) {
+    ranks.insert(l.at("rank").get<int>());
+    EXPECT_EQ(l.at("world_size"), world) << l;
+    EXPECT_EQ(l.at("local_world_size"), local_world) << l;
+    EXPECT_EQ(l.at("launcher"), launcher) << l;
+    EXPECT_EQ(l.at("backend"), "gloo") << l;
+    EXPECT_TRUE(l.at("allreduce_ok").get<bool>()) << l;
+    EXPECT_TRUE(l.at("broadcast_ok").get<bool>()) << l;
+    EXPECT_TRUE(l.at("all_gather_ok").get<bool>()) << l;
+    EXPECT_EQ(l.at("threads"), std::max(1, affinity_core_count() / local_world)) << l;
+  }
+  EXPECT_EQ(static_cast<int>(ranks.size()), world) << output;
+}
+
+// Starts `world` ranks with torchrun-style variables, as Kubeflow's PyTorchJob or a test harness would.
+std::vector<std::unique_ptr<Process>> start_torchrun_style(int world, const std::vector<std::string>& args,
+                                                           int port = sd::test::free_port()) {
+  std::vector<std::unique_ptr<Process>> procs;
+  for (int r = 0; r < world; ++r) {
+    auto env = clean_env();
+    env["RANK"] = std::to_string(r);
+    env["WORLD_SIZE"] = std::to_string(world);
+    env["LOCAL_RANK"] = std::to_string(r);
+    env["LOCAL_WORLD_SIZE"] = std::to_string(world);
+    env["MASTER_ADDR"] = "127.0.0.1";
+    env["MASTER_PORT"] = std::to_string(port);
+    std::vector<std::string> argv{sd::test::sdtrain_binary(), "dist-check"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    procs.push_back(std::make_unique<Process>(argv, env));
+  }
+  return procs;
+}
+
+TEST(DistProcesses, SdtrainLaunchTwoRanks) {
+  auto r = sd::test::run_process(
+      {sd::test::sdtrain_binary(), "launch", "--nproc_per_node", "2", "--", "dist-check", "--dist_timeout", "30"},
+      seconds(60), clean_env());
+  ASSERT_FALSE(r.timed_out) << r.output;
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  auto lines = json_lines(r.output);
+  expect_world(lines, 2, "sdtrain-launch", 2, r.output);
+  for (const auto& l : lines) EXPECT_EQ(l.at("master").get<std::string>().rfind("127.0.0.1:", 0), 0u) << l;
+}
+
+TEST(DistProcesses, OpenMpiTwoAndThreeRanks) {
+  if (!sd::test::have_program("mpirun.openmpi")) GTEST_SKIP() << "mpirun.openmpi not installed (Debian: openmpi-bin)";
+  for (int n : {2, 3}) {
+    auto r = sd::test::run_process({"mpirun.openmpi", "--allow-run-as-root", "--oversubscribe", "-n", std::to_string(n),
+                                    sd::test::sdtrain_binary(), "dist-check", "--dist_timeout", "30"},
+                                   seconds(60), clean_env());
+    ASSERT_FALSE(r.timed_out) << r.output;
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    expect_world(json_lines(r.output), n, "openmpi", n, r.output);
+  }
+}
+
+TEST(DistProcesses, HydraHostfileForm) {
+  if (!sd::test::have_program("mpirun.mpich")) GTEST_SKIP() << "mpirun.mpich not installed (Debian: mpich)";
+  sd::test::TempDir dir;
+  auto hosts = dir.path() / "hosts";
+  std::ofstream(hosts) << "localhost\n";
+  // The seed's form: -f hostfile -n N -ppn K.
+  auto r = sd::test::run_process({"mpirun.mpich", "-f", hosts.string(), "-n", "3", "-ppn", "3",
+                                  sd::test::sdtrain_binary(), "dist-check", "--dist_timeout", "30"},
+                                 seconds(60), clean_env());
+  ASSERT_FALSE(r.timed_out) << r.output;
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  expect_world(json_lines(r.output), 3, "hydra", 3, r.output);
+}
+
+TEST(DistProcesses, TorchrunStyleVariables) {
+  auto procs = start_torchrun_style(3, {"--dist_timeout", "30", "--threads", "1"});
+  std::vector<json> lines;
+  std::string all;
+  for (auto& p : procs) {
+    ASSERT_TRUE(p->wait(seconds(60))) << p->output();
+    EXPECT_EQ(p->exit_code(), 0) << p->output();
+    all += p->output();
+  }
+  for (const auto& l : json_lines(all)) {
+    EXPECT_EQ(l.at("launcher"), "env");
+    EXPECT_EQ(l.at("threads"), 1);
+    EXPECT_TRUE(l.at("allreduce_ok").get<bool>());
+  }
+  EXPECT_EQ(json_lines(all).size(), 3u) << all;
+}
+
+std::vector<Process*> raw(const std::vector<std::unique_ptr<Process>>& procs) {
+  std::vector<Process*> r;
+  for (auto& p : procs) r.push_back(p.get());
+  return r;
+}
+
+// Rank `victim` SIGKILLs itself after the first allreduce; the others must exit non-zero with one line naming it,
+// well before the timeout. Rank 0 is special: it hosts the store, so its loss is seen through the store.
+void expect_killed_rank_named(int victim, const std::string& expected_prefix) {
+  const double timeout = 10;
+  auto procs = start_torchrun_style(
+      3, {"--dist_timeout", "10", "--fault_rank", std::to_string(victim), "--die_after_ms", "300", "--threads", "1"});
+  ASSERT_TRUE(sd::test::wait_all(raw(procs), seconds(90)));
+  EXPECT_EQ(procs[victim]->exit_code(), 128 + SIGKILL);
+  std::vector<std::string> outputs;
+  for (int r = 0; r < 3; ++r) {
+    if (r == victim) continue;
+    const std::string out = procs[r]->output();
+    EXPECT_EQ(procs[r]->exit_code(), 1) << out;
+    auto lines = lines_of(out);
+    // One line, naming the lost rank and the collective.
+    ASSERT_EQ(lines.size(), 1u) << out;
+    EXPECT_EQ(lines[0].rfind(expected_prefix, 0), 0u) << out;
+    // Found by the heartbeats / the store, not by waiting out the timeout. Measured from the kill, since start-up
+    // alone can take seconds on a loaded machine.
+    EXPECT_LT(procs[r]->seconds() - procs[victim]->seconds(), timeout) << out;
+    outputs.push_back(out);
+  }
+  if (victim != 0) EXPECT_EQ(outputs[0], outputs[1]);  // all survivors print the one published conclusion
+}
+
+TEST(DistProcesses, KilledRankIsNamedByTheOthersBeforeTheTimeout) {
+  expect_killed_rank_named(1, "sdtrain: error: rank 1 lost (connection closed) during ");
+}
+
+TEST(DistProcesses, KilledRankZeroIsNamedThroughTheStore) {
+  expect_killed_rank_named(0, "sdtrain: error: rank 0 lost (connection to the master store at 127.0.0.1:");
+}
+
+TEST(DistProcesses, HungRankIsNamedAndEndsItself) {
+  auto procs = start_torchrun_style(3, {"--dist_timeout", "3", "--fault_rank", "2", "--hang", "--threads", "1"});
+  ASSERT_TRUE(sd::test::wait_all(raw(procs), seconds(90)));
+  for (int r : {0, 1}) {
+    const std::string out = procs[r]->output();
+    EXPECT_EQ(procs[r]->exit_code(), 1) << out;
+    auto lines = lines_of(out);
+    ASSERT_EQ(lines.size(), 1u) << out;
+    EXPECT_NE(lines[0].find("rank 2 did not reach "), std::string::npos) << out;
+    EXPECT_NE(lines[0].find("within 3 s"), std::string::npos) << out;
+  }
+  // The hung rank's own watchdog ends it (no launcher here would), with the same diagnosis.
+  EXPECT_EQ(procs[2]->exit_code(), 1) << procs[2]->output();
+  EXPECT_NE(procs[2]->output().find("rank 2 did not reach"), std::string::npos) << procs[2]->output();
+  EXPECT_NE(procs[2]->output().find("made no progress"), std::string::npos) << procs[2]->output();
+}
+
+TEST(DistProcesses, SigtermOnOneRankStopsAllAtTheSameStep) {
+  auto procs = start_torchrun_style(2, {"--dist_timeout", "30", "--wait_for_stop", "--threads", "1"});
+  for (int r = 0; r < 2; ++r)
+    ASSERT_TRUE(procs[r]->wait_for_output("waiting for a stop signal", seconds(60))) << procs[r]->output();
+  std::this_thread::sleep_for(milliseconds(300));  // let a few steps pass
+  procs[1]->signal(SIGTERM);
+  std::vector<json> lines;
+  for (auto& p : procs) {
+    ASSERT_TRUE(p->wait(seconds(30))) << p->output();
+    EXPECT_EQ(p->exit_code(), 0) << p->output();
+    auto l = json_lines(p->output());
+    ASSERT_EQ(l.size(), 1u) << p->output();
+    lines.push_back(l[0]);
+  }
+  EXPECT_TRUE(lines[0].at("stopped").get<bool>());
+  EXPECT_TRUE(lines[1].at("stopped").get<bool>());
+  EXPECT_EQ(lines[0].at("steps"), lines[1].at("steps"));
+  EXPECT_GT(lines[0].at("steps").get<int>(), 0);
+  EXPECT_EQ(lines[0].at("stop_signal"), 0);
+  EXPECT_EQ(lines[1].at("stop_signal"), SIGTERM);
+}
+
+TEST(DistProcesses, LaunchForwardsSigterm) {
+  Process launch({sd::test::sdtrain_binary(), "launch", "--nproc_per_node", "2", "--", "dist-check", "--dist_timeout",
+                  "30", "--wait_for_stop"},
+                 clean_env());
+  ASSERT_TRUE(launch.wait_for_output("rank 0 waiting for a stop signal", seconds(60))) << launch.output();
+  ASSERT_TRUE(launch.wait_for_output("rank 1 waiting for a stop signal", seconds(30))) << launch.output();
+  launch.signal(SIGTERM);
+  ASSERT_TRUE(launch.wait(seconds(30))) << launch.output();
+  EXPECT_EQ(launch.exit_code(), 0) << launch.output();
+  auto lines = json_lines(launch.output());
+  ASSERT_EQ(lines.size(), 2u) << launch.output();
+  for (const auto& l : lines) {
+    EXPECT_TRUE(l.at("stopped").get<bool>()) << l;
+    EXPECT_EQ(l.at("stop_signal"), SIGTERM) << l;
+  }
+  EXPECT_EQ(lines[0].at("steps"), lines[1].at("steps"));
+}
+
+TEST(DistProcesses, LaunchStopsTheRestWhenOneRankDies) {
+  const double timeout = 30;
+  auto r = sd::test::run_process({sd::test::sdtrain_binary(), "launch", "--nproc_per_node", "3", "--", "dist-check",
+                                  "--dist_timeout", "30", "--fault_rank", "2", "--die_after_ms", "200"},
+                                 seconds(60), clean_env());
+  ASSERT_FALSE(r.timed_out) << r.output;
+  EXPECT_EQ(r.exit_code, 128 + SIGKILL) << r.output;
+  EXPECT_NE(r.output.find("sdtrain launch: local rank 2 (pid "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("was killed by signal 9"), std::string::npos) << r.output;
+  EXPECT_LT(r.seconds, timeout) << r.output;
+}
+
+TEST(DistProcesses, LaunchEscalatesToSigkill) {
+  // Rank 1 hangs with a SIGTERM handler installed (so SIGTERM alone does not end it); rank 0 fails after the
+  // 3 s timeout; launch then sends SIGTERM, and SIGKILL after the 1 s grace period.
+  auto r = sd::test::run_process({sd::test::sdtrain_binary(), "launch", "--nproc_per_node", "2", "--grace_period", "1",
+                                  "--", "dist-check", "--dist_timeout", "3", "--hang", "--wait_for_stop"},
+                                 seconds(60), clean_env());
+  ASSERT_FALSE(r.timed_out) << r.output;
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("sdtrain: error: rank 1 did not reach"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("local rank 0 (pid "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("sending SIGKILL"), std::string::npos) << r.output;
+}
+
+TEST(DistProcesses, LaunchRejectsBadUse) {
+  auto r = sd::test::run_process({sd::test::sdtrain_binary(), "launch", "--nproc_per_node", "0", "--", "dist-check"},
+                                 seconds(30), clean_env());
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("--nproc_per_node must be in 1..1024"), std::string::npos) << r.output;
+  // A subcommand that fails in every rank: the launcher names the first and exits with its code.
+  r = sd::test::run_process({sd::test::sdtrain_binary(), "launch", "--nproc_per_node", "2", "--", "dist-check",
+                             "--dist_timeout", "-1"},
+                            seconds(30), clean_env());
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("--dist_timeout must be a positive number"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("sdtrain launch: local rank "), std::string::npos) << r.output;
+}
+
+TEST(DistProcesses, HelpShowsEveryFlagWithItsDefault) {
+  auto launch = sd::test::run_process({sd::test::sdtrain_binary(), "launch", "--help"}, seconds(30));
+  EXPECT_EQ(launch.exit_code, 0);
+  for (const char* s : {"--nproc_per_node,--nproc-per-node INT=1", "--master_port,--master-port INT=0",
+                        "--grace_period,--grace-period FLOAT=10", "command TEXT ... REQUIRED"})
+    EXPECT_NE(launch.output.find(s), std::string::npos) << s << "\n" << launch.output;
+  auto check = sd::test::run_process({sd::test::sdtrain_binary(), "dist-check", "--help"}, seconds(30));
+  EXPECT_EQ(check.exit_code, 0);
+  for (const char* s : {"--dist_timeout,--dist-timeout FLOAT=300", "--dist_iface,--dist-iface TEXT", "--threads INT=0",
+                        "--size_mb,--size-mb FLOAT=1",
+                        "Test-only", "--die_after_ms INT=-1", "--hang", "--fault_rank INT=-1"})
+    EXPECT_NE(check.output.find(s), std::string::npos) << s << "\n" << check.output;
+}
+
+}  // namespace
+}  // namespace sd::dist
