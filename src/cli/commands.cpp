@@ -16,6 +16,8 @@ int run(int argc, char** argv) {
   CLI::App app{"sdtrain: train and run Stable Diffusion (diffusers layout), natively"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Show every subcommand's flags");
+  // As Python's argparse: a flag given twice takes its last value (scripts often append overrides).
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   std::function<int()> chosen;
   // Each add_* registers one subcommand and sets `chosen` when it is parsed.
   add_init(app, chosen);

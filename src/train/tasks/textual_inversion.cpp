@@ -97,7 +97,7 @@ class Trainer {
   fs::path output_dir_;
   dist::DistEnv env_;
   std::shared_ptr<dist::Communicator> comm_;
-  pipeline::StableDiffusion pipe_;
+  std::unique_ptr<pipeline::StableDiffusion> pipe_;
   int64_t first_placeholder_ = 0;
   std::unique_ptr<data::TextualInversionDataset> dataset_;
   std::unique_ptr<data::DistributedSampler> sampler_;
@@ -130,17 +130,17 @@ Trainer::Trainer(const TextualInversionOptions& o) : o_(o), output_dir_(o.output
   state_.seed = static_cast<uint64_t>(seed.item<int64_t>());
 
   const at::ScalarType weight_dtype = weight_dtype_for(o.mixed_precision, is_main());
-  pipe_ = pipeline::load_pipeline(o.pretrained_model_name_or_path, {at::kFloat, weight_dtype, weight_dtype},
-                                  o.tokenizer_name);
-  const int64_t factor = pipe_.vae_scale_factor();
+  pipe_ = std::make_unique<pipeline::StableDiffusion>(pipeline::load_pipeline(
+      o.pretrained_model_name_or_path, {at::kFloat, weight_dtype, weight_dtype}, o.tokenizer_name));
+  const int64_t factor = pipe_->vae_scale_factor();
   SD_CHECK(o.resolution % factor == 0, "--resolution {} must be divisible by {} (the VAE's downscale factor)",
            o.resolution, factor);
 
-  first_placeholder_ = add_placeholder_tokens(pipe_.tokenizer, o);
-  const int64_t init_id = initializer_id(pipe_.tokenizer, o.initializer_token);
-  pipe_.text_encoder->resize_token_embeddings(static_cast<int64_t>(pipe_.tokenizer.size()));
-  for (int64_t i = 0; i < o.num_vectors; ++i) pipe_.text_encoder->copy_token_embedding_row(init_id, first_placeholder_ + i);
-  learned_ = pipe_.text_encoder->token_embedding()->weight.detach()
+  first_placeholder_ = add_placeholder_tokens(pipe_->tokenizer, o);
+  const int64_t init_id = initializer_id(pipe_->tokenizer, o.initializer_token);
+  pipe_->text_encoder->resize_token_embeddings(static_cast<int64_t>(pipe_->tokenizer.size()));
+  for (int64_t i = 0; i < o.num_vectors; ++i) pipe_->text_encoder->copy_token_embedding_row(init_id, first_placeholder_ + i);
+  learned_ = pipe_->text_encoder->token_embedding()->weight.detach()
                  .narrow(0, first_placeholder_, o.num_vectors).to(at::kFloat).clone().requires_grad_(true);
 
   data::TextualInversionDatasetOptions data_options;
@@ -155,11 +155,11 @@ Trainer::Trainer(const TextualInversionOptions& o) : o_(o), output_dir_(o.output
   max_steps_ = o.max_train_steps.value_or(o.num_train_epochs * sampler_->steps_per_epoch());
   SD_CHECK(max_steps_ >= 1, "--max_train_steps must be at least 1, got {}", max_steps_);
 
-  schedulers::DDPMScheduler ddpm(pipe_.scheduler_config);
-  step_ = std::make_unique<TextualInversionStep>(pipe_.text_encoder, pipe_.vae, pipe_.unet, ddpm.alphas_cumprod(),
-                                                 pipe_.scheduler_config.prediction_type, first_placeholder_,
+  schedulers::DDPMScheduler ddpm(pipe_->scheduler_config);
+  step_ = std::make_unique<TextualInversionStep>(pipe_->text_encoder, pipe_->vae, pipe_->unet, ddpm.alphas_cumprod(),
+                                                 pipe_->scheduler_config.prediction_type, first_placeholder_,
                                                  o.num_vectors);
-  pipe_.unet->set_gradient_checkpointing(o.gradient_checkpointing);
+  pipe_->unet->set_gradient_checkpointing(o.gradient_checkpointing);
 
   base_lr_ = o.learning_rate * (o.scale_lr ? static_cast<double>(layout_.global()) : 1.0);
   schedule_ = {o.lr_scheduler, o.lr_warmup_steps, max_steps_, o.lr_num_cycles};
@@ -196,7 +196,7 @@ MicroBatch Trainer::micro_batch(int64_t step, int64_t micro) {
   using data::Stream;
   const std::vector<int64_t> indices = sampler_->micro_batch(step, micro, comm_->rank());
   std::vector<at::Tensor> means, stds, ids, eps, noise, timesteps;
-  const int64_t num_train_timesteps = pipe_.scheduler_config.num_train_timesteps;
+  const int64_t num_train_timesteps = pipe_->scheduler_config.num_train_timesteps;
   for (size_t j = 0; j < indices.size(); ++j) {
     const auto position = static_cast<uint64_t>((micro * layout_.world + comm_->rank()) * layout_.batch + j);
     auto gen = [&](Stream s) { return data::stream_generator(state_.seed, s, static_cast<uint64_t>(step), position); };
@@ -205,7 +205,7 @@ MicroBatch Trainer::micro_batch(int64_t step, int64_t micro) {
     const auto& p = posterior(indices[j] % dataset_->num_images(), flip);
     means.push_back(p.mean);
     stds.push_back(p.std);
-    ids.push_back(at::tensor(pipe_.tokenizer.encode(dataset_->prompt(templ))).unsqueeze(0));
+    ids.push_back(at::tensor(pipe_->tokenizer.encode(dataset_->prompt(templ))).unsqueeze(0));
     eps.push_back(at::randn(p.mean.sizes(), gen(Stream::kPosterior)));
     noise.push_back(at::randn(p.mean.sizes(), gen(Stream::kNoise)));
     timesteps.push_back(at::randint(num_train_timesteps, {1}, gen(Stream::kTimestep)));
@@ -279,7 +279,7 @@ void Trainer::save_full_pipeline() {
   // tokenizer and the text encoder, which gained the learned token rows, are written anew.
   {
     torch::NoGradGuard no_grad;
-    pipe_.text_encoder->token_embedding()->weight.narrow(0, first_placeholder_, o_.num_vectors).copy_(learned_);
+    pipe_->text_encoder->token_embedding()->weight.narrow(0, first_placeholder_, o_.num_vectors).copy_(learned_);
   }
   const fs::path source = o_.pretrained_model_name_or_path;
   for (const char* part : {"unet", "vae", "scheduler"}) {
@@ -287,10 +287,10 @@ void Trainer::save_full_pipeline() {
       fs::copy(source / part, tmp, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
     });
   }
-  write_directory_atomically(output_dir_ / "tokenizer", [&](const fs::path& tmp) { pipe_.tokenizer.save(tmp); });
+  write_directory_atomically(output_dir_ / "tokenizer", [&](const fs::path& tmp) { pipe_->tokenizer.save(tmp); });
   write_directory_atomically(output_dir_ / "text_encoder",
-                             [&](const fs::path& tmp) { models::save_text_encoder(pipe_.text_encoder, tmp); });
-  const std::string scheduler_class = pipe_.model_index["scheduler"][1].get<std::string>();
+                             [&](const fs::path& tmp) { models::save_text_encoder(pipe_->text_encoder, tmp); });
+  const std::string scheduler_class = pipe_->model_index["scheduler"][1].get<std::string>();
   io::write_text_file(output_dir_ / "model_index.json", pipeline::model_index_json(scheduler_class).dump(2) + "\n");
 }
 
