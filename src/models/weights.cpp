@@ -20,6 +20,12 @@ std::string shape_str(at::IntArrayRef shape) { return fmt::format("[{}]", fmt::j
 
 }  // namespace
 
+ScopedDefaultDtype::ScopedDefaultDtype(at::ScalarType dtype) : previous_(c10::get_default_dtype()) {
+  c10::set_default_dtype(c10::scalarTypeToTypeMeta(dtype));
+}
+
+ScopedDefaultDtype::~ScopedDefaultDtype() { c10::set_default_dtype(previous_); }
+
 io::TensorMap named_weights(const torch::nn::Module& module) {
   io::TensorMap out;
   for (const auto& item : module.named_parameters(/*recurse=*/true)) out[item.key()] = item.value().detach();

@@ -11,6 +11,19 @@
 
 namespace sd::models {
 
+// While alive, modules are constructed with parameters of `dtype` (LibTorch's default dtype), so a model meant to
+// run in bf16 never holds a float32 copy of its weights, not even while it is built.
+class ScopedDefaultDtype {
+ public:
+  explicit ScopedDefaultDtype(at::ScalarType dtype);
+  ~ScopedDefaultDtype();
+  ScopedDefaultDtype(const ScopedDefaultDtype&) = delete;
+  ScopedDefaultDtype& operator=(const ScopedDefaultDtype&) = delete;
+
+ private:
+  caffe2::TypeMeta previous_;
+};
+
 // Copies every tensor of `file` into the module parameter/buffer of the same name, converted to the module's
 // dtype (so F16/BF16 files load into float32 modules and the reverse). Throws one sd::Error line listing the
 // missing, unexpected and mis-shaped keys, naming the file.

@@ -186,8 +186,10 @@ ClipTextModel load_text_encoder(const std::filesystem::path& dir, at::ScalarType
   const ClipTextConfig config = ClipTextConfig::load(config_file);
   SD_CHECK(std::filesystem::exists(weights_file), "{}: missing file (the text encoder weights)", weights_file.string());
   const io::SafeTensorsFile file(weights_file);
-  ClipTextModel model(config);
-  model->to(dtype);
+  ClipTextModel model = [&] {
+    ScopedDefaultDtype built_in(dtype);
+    return ClipTextModel(config);
+  }();
   // transformers < 4.31 saved the position_ids buffer; 4.35 recomputes it (and so do we).
   load_weights(*model, file, {"text_model.embeddings.position_ids"});
   model->eval();

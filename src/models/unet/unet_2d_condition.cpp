@@ -214,8 +214,10 @@ UNet2DConditionModel load_unet(const std::filesystem::path& dir, at::ScalarType 
   UNetConfig config = UNetConfig::load((dir / "config.json").string());
   const auto weights = dir / "diffusion_pytorch_model.safetensors";
   SD_CHECK(std::filesystem::exists(weights), "{}: missing file (the UNet weights)", weights.string());
-  UNet2DConditionModel model(std::move(config));
-  model->to(dtype);
+  UNet2DConditionModel model = [&] {
+    ScopedDefaultDtype built_in(dtype);
+    return UNet2DConditionModel(std::move(config));
+  }();
   load_weights(*model, weights);
   return model;
 }

@@ -198,8 +198,10 @@ AutoencoderKL load_vae(const std::filesystem::path& dir, at::ScalarType dtype) {
   VaeConfig config = VaeConfig::load((dir / "config.json").string());
   const auto weights = dir / "diffusion_pytorch_model.safetensors";
   SD_CHECK(std::filesystem::exists(weights), "{}: missing file (the VAE weights)", weights.string());
-  AutoencoderKL model(std::move(config));
-  model->to(dtype);
+  AutoencoderKL model = [&] {
+    ScopedDefaultDtype built_in(dtype);
+    return AutoencoderKL(std::move(config));
+  }();
   load_weights(*model, weights);
   return model;
 }
