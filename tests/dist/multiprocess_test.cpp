@@ -109,9 +109,12 @@ TEST(DistProcesses, SdtrainLaunchTwoRanks) {
 TEST(DistProcesses, OpenMpiTwoAndThreeRanks) {
   if (!sd::test::have_program("mpirun.openmpi")) GTEST_SKIP() << "mpirun.openmpi not installed (Debian: openmpi-bin)";
   for (int n : {2, 3}) {
+    // A free MASTER_PORT rather than the default 29500, so tests running in parallel do not meet.
+    auto env = clean_env();
+    env["MASTER_PORT"] = std::to_string(sd::test::free_port());
     auto r = sd::test::run_process({"mpirun.openmpi", "--allow-run-as-root", "--oversubscribe", "-n", std::to_string(n),
                                     sd::test::sdtrain_binary(), "dist-check", "--dist_timeout", "30"},
-                                   seconds(60), clean_env());
+                                   seconds(60), env);
     ASSERT_FALSE(r.timed_out) << r.output;
     EXPECT_EQ(r.exit_code, 0) << r.output;
     expect_world(json_lines(r.output), n, "openmpi", n, r.output);
@@ -124,9 +127,11 @@ TEST(DistProcesses, HydraHostfileForm) {
   auto hosts = dir.path() / "hosts";
   std::ofstream(hosts) << "localhost\n";
   // The seed's form: -f hostfile -n N -ppn K.
+  auto env = clean_env();
+  env["MASTER_PORT"] = std::to_string(sd::test::free_port());
   auto r = sd::test::run_process({"mpirun.mpich", "-f", hosts.string(), "-n", "3", "-ppn", "3",
                                   sd::test::sdtrain_binary(), "dist-check", "--dist_timeout", "30"},
-                                 seconds(60), clean_env());
+                                 seconds(60), env);
   ASSERT_FALSE(r.timed_out) << r.output;
   EXPECT_EQ(r.exit_code, 0) << r.output;
   expect_world(json_lines(r.output), 3, "hydra", 3, r.output);
