@@ -182,7 +182,9 @@ void expect_killed_rank_named(int victim, const std::string& expected_prefix) {
     EXPECT_LT(procs[r]->seconds() - procs[victim]->seconds(), timeout) << out;
     outputs.push_back(out);
   }
-  if (victim != 0) EXPECT_EQ(outputs[0], outputs[1]);  // all survivors print the one published conclusion
+  if (victim != 0) {
+    EXPECT_EQ(outputs[0], outputs[1]);  // all survivors print the one published conclusion
+  }
 }
 
 TEST(DistProcesses, KilledRankIsNamedByTheOthersBeforeTheTimeout) {
@@ -208,6 +210,23 @@ TEST(DistProcesses, HungRankIsNamedAndEndsItself) {
   EXPECT_EQ(procs[2]->exit_code(), 1) << procs[2]->output();
   EXPECT_NE(procs[2]->output().find("rank 2 did not reach"), std::string::npos) << procs[2]->output();
   EXPECT_NE(procs[2]->output().find("made no progress"), std::string::npos) << procs[2]->output();
+}
+
+TEST(DistProcesses, FrozenRankIsNamed) {
+  // SIGSTOP freezes the whole process, heartbeat included (a stopped or swapped-out machine): the others wait out
+  // the 3 s timeout and then see a heartbeat that stopped.
+  auto procs = start_torchrun_style(3, {"--dist_timeout", "3", "--wait_for_stop", "--threads", "1"});
+  for (int r = 0; r < 3; ++r)
+    ASSERT_TRUE(procs[r]->wait_for_output("waiting for a stop signal", seconds(60))) << procs[r]->output();
+  procs[1]->signal(SIGSTOP);
+  ASSERT_TRUE(sd::test::wait_all({procs[0].get(), procs[2].get()}, seconds(60)));
+  for (int r : {0, 2}) {
+    EXPECT_EQ(procs[r]->exit_code(), 1) << procs[r]->output();
+    EXPECT_NE(procs[r]->output().find("sdtrain: error: rank 1 lost (no heartbeat for 1 s) during all_gather #"),
+              std::string::npos)
+        << procs[r]->output();
+  }
+  // procs[1] is killed (SIGKILL reaches stopped processes) when it goes out of scope.
 }
 
 TEST(DistProcesses, SigtermOnOneRankStopsAllAtTheSameStep) {
