@@ -196,7 +196,7 @@ TEST(DistProcesses, KilledRankZeroIsNamedThroughTheStore) {
 }
 
 TEST(DistProcesses, HungRankIsNamedAndEndsItself) {
-  auto procs = start_torchrun_style(3, {"--dist_timeout", "3", "--fault_rank", "2", "--hang", "--threads", "1"});
+  auto procs = start_torchrun_style(3, {"--dist_timeout", "2", "--fault_rank", "2", "--hang", "--threads", "1"});
   ASSERT_TRUE(sd::test::wait_all(raw(procs), seconds(90)));
   for (int r : {0, 1}) {
     const std::string out = procs[r]->output();
@@ -204,7 +204,7 @@ TEST(DistProcesses, HungRankIsNamedAndEndsItself) {
     auto lines = lines_of(out);
     ASSERT_EQ(lines.size(), 1u) << out;
     EXPECT_NE(lines[0].find("rank 2 did not reach "), std::string::npos) << out;
-    EXPECT_NE(lines[0].find("within 3 s"), std::string::npos) << out;
+    EXPECT_NE(lines[0].find("within 2 s"), std::string::npos) << out;
   }
   // The hung rank's own watchdog ends it (no launcher here would), with the same diagnosis.
   EXPECT_EQ(procs[2]->exit_code(), 1) << procs[2]->output();
@@ -283,9 +283,9 @@ TEST(DistProcesses, LaunchStopsTheRestWhenOneRankDies) {
 
 TEST(DistProcesses, LaunchEscalatesToSigkill) {
   // Rank 1 hangs with a SIGTERM handler installed (so SIGTERM alone does not end it); rank 0 fails after the
-  // 3 s timeout; launch then sends SIGTERM, and SIGKILL after the 1 s grace period.
+  // 2 s timeout; launch then sends SIGTERM, and SIGKILL after the 1 s grace period.
   auto r = sd::test::run_process({sd::test::sdtrain_binary(), "launch", "--nproc_per_node", "2", "--grace_period", "1",
-                                  "--", "dist-check", "--dist_timeout", "3", "--hang", "--wait_for_stop"},
+                                  "--", "dist-check", "--dist_timeout", "2", "--hang", "--wait_for_stop"},
                                  seconds(60), clean_env());
   ASSERT_FALSE(r.timed_out) << r.output;
   EXPECT_EQ(r.exit_code, 1) << r.output;
