@@ -299,8 +299,9 @@ class ProcessGroupCommunicator : public Communicator {
 
  private:
   int64_t begin_collective(const char* op) {
-    SD_CHECK(!failed_, "the process group already failed (rank {}); no further collectives are possible", env_.rank);
     std::lock_guard<std::mutex> lock(ops_mutex_);
+    // After a failure every further collective reports the same first diagnosis.
+    if (failed_) throw Error(failure_.empty() ? "the process group failed earlier" : failure_);
     int64_t seq = ++issued_;
     // Only the names of collectives that may still be waited on are needed; a small ring keeps memory flat.
     op_names_[seq % op_names_.size()] = op;
@@ -325,6 +326,10 @@ class ProcessGroupCommunicator : public Communicator {
   [[noreturn]] void fail_collective(int64_t seq, const std::string& cause, bool timed_out) {
     std::string message = diagnose(op_name(seq), seq, cause, timed_out);
     debug("rank {}: diagnosis: {}", env_.rank, message);
+    {
+      std::lock_guard<std::mutex> lock(ops_mutex_);
+      if (failure_.empty()) failure_ = message;
+    }
     throw Error(message);
   }
 
@@ -629,6 +634,7 @@ class ProcessGroupCommunicator : public Communicator {
   std::array<const char*, 4096> op_names_{};
   std::atomic<int64_t> issued_{0};
   std::atomic<bool> failed_{false};
+  std::string failure_;  // the first diagnosis, guarded by ops_mutex_
   bool shut_down_ = false;
   std::thread monitor_;
   std::mutex monitor_mutex_;

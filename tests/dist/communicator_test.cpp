@@ -124,6 +124,31 @@ TEST(GlooCommunicator, AnyRankStoppingIsAgreedByAll) {
   EXPECT_EQ(agreed[1], 1);
 }
 
+TEST(GlooCommunicator, RankThatLeftEarlyIsNamedAndTheErrorSticks) {
+  std::string first, second;
+  auto errors = run_world(
+      2,
+      [&](int r, Communicator& comm) {
+        comm.barrier();
+        if (r == 1) return;  // rank 1 ends: its communicator says goodbye and closes its connections
+        std::vector<at::Tensor> t{at::ones({4})};
+        try {
+          comm.allreduce_sum(t);
+        } catch (const Error& e) {
+          first = e.what();
+        }
+        try {
+          comm.allreduce_sum(t);
+        } catch (const Error& e) {
+          second = e.what();
+        }
+      },
+      std::chrono::milliseconds(2000));
+  expect_no_errors(errors);
+  EXPECT_EQ(first.rfind("rank 1 already finished and exited before allreduce #3", 0), 0u) << first;
+  EXPECT_EQ(second, first);
+}
+
 TEST(GlooCommunicator, MissingRankIsNamedAfterTheTimeout) {
   const int port = sd::test::free_port();
   CommOptions opts;

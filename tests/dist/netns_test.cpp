@@ -1,6 +1,7 @@
 // Three "machines" as network namespaces joined by veth pairs to a bridge, so collectives really cross
-// interfaces: ranks started with torchrun-style variables inside each namespace, and the seed's Hydra form
-// (`mpirun -f hosts -n 3 -ppn 1`) reaching the namespaces through a launcher agent. Needs root and `ip netns`.
+// interfaces: ranks started with torchrun-style variables inside each namespace, the seed's Hydra form
+// (`mpirun -f hosts -n 3 -ppn 1`) and Open MPI reaching the namespaces through an ssh stand-in agent. Needs root
+// and `ip netns`.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -136,6 +137,20 @@ class NetnsMachines : public ::testing::Test {
       EXPECT_GT(after[i] - before[i], 1 << 20) << "machine " << i << ": " << before[i] << " -> " << after[i];
   }
 
+  // An ssh stand-in for the MPI launchers: "<agent> [options] <host> <command...>" runs the command inside the
+  // namespace of the machine with that address, as ssh would run it on that host.
+  std::filesystem::path write_agent(const std::filesystem::path& dir) const {
+    auto agent = dir / "netns-agent";
+    std::ofstream a(agent);
+    a << "#!/bin/sh\nwhile [ \"${1#-}\" != \"$1\" ]; do shift; done\nhost=$1; shift\ncase \"$host\" in\n";
+    for (int i = 0; i < Machines::kCount; ++i)
+      a << "  " << machines_->address(i) << ") ns=" << machines_->netns(i) << ";;\n";
+    a << "  *) echo \"agent: unknown host $host\" >&2; exit 1;;\nesac\nexec ip netns exec \"$ns\" sh -c \"$*\"\n";
+    a.close();
+    std::filesystem::permissions(agent, std::filesystem::perms::owner_all);
+    return agent;
+  }
+
   std::unique_ptr<Machines> machines_;
 };
 
@@ -196,16 +211,7 @@ TEST_F(NetnsMachines, KilledRankOnAnotherMachineIsNamed) {
 TEST_F(NetnsMachines, HydraSeedFormThroughAnAgent) {
   if (!sd::test::have_program("mpirun.mpich")) GTEST_SKIP() << "mpirun.mpich not installed (Debian: mpich)";
   sd::test::TempDir dir;
-  // Hydra's ssh launcher runs "<agent> -x <host> <proxy command>"; this agent enters the host's namespace instead.
-  auto agent = dir.path() / "netns-agent";
-  {
-    std::ofstream a(agent);
-    a << "#!/bin/sh\nwhile [ \"${1#-}\" != \"$1\" ]; do shift; done\nhost=$1; shift\ncase \"$host\" in\n";
-    for (int i = 0; i < Machines::kCount; ++i)
-      a << "  " << machines_->address(i) << ") ns=" << machines_->netns(i) << ";;\n";
-    a << "  *) echo \"agent: unknown host $host\" >&2; exit 1;;\nesac\nexec ip netns exec \"$ns\" sh -c \"$*\"\n";
-  }
-  std::filesystem::permissions(agent, std::filesystem::perms::owner_all);
+  auto agent = write_agent(dir.path());
   auto hosts = dir.path() / "hosts";
   {
     std::ofstream h(hosts);
@@ -241,6 +247,35 @@ TEST_F(NetnsMachines, HydraSeedFormThroughAnAgent) {
   ASSERT_EQ(lines.size(), 3u) << r.output;
   for (const auto& l : lines) {
     EXPECT_EQ(l.at("launcher"), "hydra");
+    EXPECT_EQ(l.at("local_world_size"), 1);
+    EXPECT_TRUE(l.at("allreduce_ok").get<bool>());
+  }
+  expect_traffic_crossed(before);
+}
+
+TEST_F(NetnsMachines, OpenMpiThroughAnAgent) {
+  if (!sd::test::have_program("mpirun.openmpi")) GTEST_SKIP() << "mpirun.openmpi not installed (Debian: openmpi-bin)";
+  sd::test::TempDir dir;
+  auto agent = write_agent(dir.path());
+  std::string host_list;
+  for (int i = 0; i < Machines::kCount; ++i) host_list += (i ? "," : "") + machines_->address(i);
+  const std::string subnet = machines_->address(0).substr(0, machines_->address(0).rfind('.')) + ".0/24";
+  const int port = 30900 + getpid() % 500;
+  auto before = traffic();
+  auto r = sd::test::run_process(
+      {"mpirun.openmpi", "--allow-run-as-root", "--mca", "plm_rsh_agent", agent.string(), "--mca",
+       "plm_rsh_no_tree_spawn", "1",
+       // Open MPI's daemons reach mpirun over the bridge's subnet.
+       "--mca", "oob_tcp_if_include", subnet, "-H", host_list, "-n", "3", "-x",
+       "MASTER_ADDR=" + machines_->address(0), "-x", "MASTER_PORT=" + std::to_string(port),
+       sd::test::sdtrain_binary(), "dist-check", "--dist_timeout", "30"},
+      seconds(90), clean_env());
+  ASSERT_FALSE(r.timed_out) << r.output;
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  auto lines = json_lines(r.output);
+  ASSERT_EQ(lines.size(), 3u) << r.output;
+  for (const auto& l : lines) {
+    EXPECT_EQ(l.at("launcher"), "openmpi");
     EXPECT_EQ(l.at("local_world_size"), 1);
     EXPECT_TRUE(l.at("allreduce_ok").get<bool>());
   }

@@ -1,0 +1,49 @@
+// Stop signals: the first SIGTERM/SIGINT only sets the flag; a second one of the same kind ends the process.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "dist/signals.h"
+
+namespace sd::dist {
+namespace {
+
+TEST(StopSignals, FirstSignalSetsTheFlag) {
+  clear_stop_request();
+  install_stop_signal_handlers();
+  EXPECT_FALSE(stop_requested());
+  raise(SIGTERM);  // handled: the test process keeps running
+  EXPECT_TRUE(stop_requested());
+  EXPECT_EQ(stop_signal(), SIGTERM);
+  clear_stop_request();
+  raise(SIGINT);
+  EXPECT_TRUE(stop_requested());
+  EXPECT_EQ(stop_signal(), SIGINT);
+  uninstall_stop_signal_handlers();
+  clear_stop_request();
+  request_stop();
+  EXPECT_TRUE(stop_requested());
+  EXPECT_EQ(stop_signal(), 0);
+  clear_stop_request();
+}
+
+TEST(StopSignals, SecondSignalOfTheSameKindKills) {
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    // Only async-signal-safe calls in the forked child.
+    install_stop_signal_handlers();
+    raise(SIGINT);
+    if (!stop_requested()) _exit(2);
+    raise(SIGINT);  // the user insists: default action, the process dies by SIGINT
+    _exit(3);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFSIGNALED(status)) << "exit code " << (WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+  EXPECT_EQ(WTERMSIG(status), SIGINT);
+}
+
+}  // namespace
+}  // namespace sd::dist
