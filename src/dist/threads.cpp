@@ -25,7 +25,12 @@ int threads_for_rank(std::optional<int> flag, const DistEnv& env) {
     SD_CHECK(*flag >= 1, "--threads must be >= 1, got {}", *flag);
     return *flag;
   }
-  return std::max(1, affinity_core_count() / std::max(1, env.local_world_size));
+  // A launcher that binds each rank to its own cores (srun --cpus-per-task, mpirun --bind-to) leaves fewer CPUs in
+  // the affinity mask than the machine has: those are this rank's alone. Otherwise the ranks share the machine.
+  const int mine = affinity_core_count();
+  const long online = sysconf(_SC_NPROCESSORS_ONLN);
+  if (online > 0 && mine < online) return mine;
+  return std::max(1, mine / std::max(1, env.local_world_size));
 }
 
 }  // namespace sd::dist

@@ -1,6 +1,6 @@
-// How many intra-op threads this rank should use: the flag, else the cores this process may run on divided by
-// the ranks sharing the machine (so `-ppn 2` on 2 cores gives 1 thread each). The caller applies it with
-// at::set_num_threads.
+// How many intra-op threads this rank should use: the flag; else, when a launcher bound this rank to a subset of
+// the CPUs, that subset; else the machine's CPUs divided by the ranks sharing it (so `-ppn 2` on 2 cores gives
+// 1 thread each). The caller applies it with at::set_num_threads.
 #pragma once
 #include <optional>
 
