@@ -17,6 +17,7 @@ int run(int argc, char** argv) {
   std::function<int()> chosen;
   // Each add_* registers one subcommand and sets `chosen` when it is parsed.
   add_tokenize(app, chosen);
+  add_generate(app, chosen);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
