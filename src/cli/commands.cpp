@@ -23,6 +23,7 @@ int run(int argc, char** argv) {
   add_init(app, chosen);
   add_inspect(app, chosen);
   add_tokenize(app, chosen);
+  add_generate(app, chosen);
   add_textual_inversion(app, chosen);
   add_launch(app, chosen);
   add_dist_check(app, chosen);

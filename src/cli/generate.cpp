@@ -1,0 +1,202 @@
+// `sdtrain generate`: text-to-image with a diffusers pipeline folder, as StableDiffusionPipeline(...)(prompt, ...)
+// computes it. Writes one PNG per image plus a grid, optionally the raw float images; on a pipe stdout carries
+// only the paths written (and the seed when it was drawn at random).
+#include <ATen/Parallel.h>
+
+#include <cstdio>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "cli/commands.h"
+#include "cli/flags.h"
+#include "core/error.h"
+#include "core/progress.h"
+#include "io/atomic_file.h"
+#include "io/image.h"
+#include "io/safetensors.h"
+#include "models/vae/vae_config.h"
+#include "pipeline/embedding_file.h"
+#include "pipeline/stable_diffusion.h"
+#include "pipeline/textual_inversion_embeddings.h"
+#include "pipeline/txt2img.h"
+#include "schedulers/factory.h"
+
+namespace sd::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct GenerateOptions {
+  std::string model;
+  std::vector<std::string> prompts;
+  std::string prompt_file;
+  std::string negative_prompt;
+  int num_inference_steps = 50;
+  double guidance_scale = 7.5;
+  std::optional<int64_t> height, width;
+  std::optional<uint64_t> seed;
+  int64_t num_images_per_prompt = 1;
+  std::optional<std::string> scheduler;
+  std::string mixed_precision = "no";
+  std::vector<std::string> embeddings;
+  std::string init_latents;
+  std::string output_dir = "generated";
+  std::string save_raw;
+  std::optional<int> threads;
+};
+
+std::vector<std::string> read_prompt_file(const fs::path& path) {
+  std::istringstream in(io::read_text_file(path));
+  std::vector<std::string> prompts;
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.find_first_not_of(" \t") != std::string::npos) prompts.push_back(line);
+  }
+  SD_CHECK(!prompts.empty(), "--prompt_file {}: no prompts in the file (one per line)", path.string());
+  return prompts;
+}
+
+// A tensor named "latents", or the file's only tensor.
+at::Tensor read_init_latents(const fs::path& path) {
+  io::TensorMap tensors;
+  try {
+    tensors = io::load_safetensors(path);
+  } catch (const Error& e) {
+    fail("--init_latents: {}", e.what());
+  }
+  if (auto it = tensors.find("latents"); it != tensors.end()) return it->second;
+  SD_CHECK(tensors.size() == 1, "--init_latents {}: expected a tensor named 'latents' or a single tensor, found {}",
+           path.string(), tensors.size());
+  return tensors.begin()->second;
+}
+
+io::RgbImage to_rgb(const at::Tensor& pixels) {  // [H, W, 3] uint8
+  const at::Tensor c = pixels.contiguous();
+  io::RgbImage image;
+  image.height = static_cast<int>(c.size(0));
+  image.width = static_cast<int>(c.size(1));
+  image.pixels.assign(c.data_ptr<uint8_t>(), c.data_ptr<uint8_t>() + c.numel());
+  return image;
+}
+
+// rows = prompts, columns = images per prompt.
+io::RgbImage make_grid(const at::Tensor& images, int64_t rows, int64_t cols) {  // [rows*cols, H, W, 3] uint8
+  const int64_t h = images.size(1), w = images.size(2);
+  at::Tensor grid = images.reshape({rows, cols, h, w, 3}).permute({0, 2, 1, 3, 4}).reshape({rows * h, cols * w, 3});
+  return to_rgb(grid);
+}
+
+int run_generate(GenerateOptions o) {
+  at::set_num_threads(o.threads ? *o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  const fs::path dir = o.model;
+  pipeline::check_pipeline_layout(dir);
+
+  // Cheap checks first, so a typo fails before the weights load.
+  std::unique_ptr<schedulers::Scheduler> scheduler =
+      schedulers::load_scheduler(dir / "scheduler" / "scheduler_config.json", o.scheduler);
+  SD_CHECK(o.num_inference_steps >= 1, "--num_inference_steps must be >= 1, got {}", o.num_inference_steps);
+  scheduler->set_timesteps(o.num_inference_steps);
+  const models::VaeConfig vae_config = models::VaeConfig::load((dir / "vae" / "config.json").string());
+  const int64_t f = int64_t{1} << (vae_config.block_out_channels.size() - 1);
+  for (const auto& [name, value] : {std::pair{"--height", o.height}, std::pair{"--width", o.width}}) {
+    if (!value) continue;
+    SD_CHECK(*value > 0 && *value % f == 0, "{} {} is not a positive multiple of {}, the VAE's scale factor", name,
+             *value, f);
+  }
+  if (!o.prompt_file.empty()) o.prompts = read_prompt_file(o.prompt_file);
+  SD_CHECK(!o.prompts.empty(), "no prompt: give --prompt (repeatable) or --prompt_file");
+  pipeline::Txt2ImgOptions options;
+  if (!o.init_latents.empty()) options.initial_latents = read_init_latents(o.init_latents);
+  std::vector<pipeline::EmbeddingFile> embeddings;
+  for (const auto& path : o.embeddings) embeddings.push_back(pipeline::load_embedding_file(path));
+
+  const bool bf16 = o.mixed_precision == "bf16";
+  pipeline::ComponentDtypes dtypes;
+  dtypes.unet = dtypes.vae = bf16 ? at::kBFloat16 : at::kFloat;
+  pipeline::StableDiffusion pipe = pipeline::load_pipeline(dir, dtypes);
+  for (size_t i = 0; i < embeddings.size(); ++i)
+    pipeline::load_textual_inversion(pipe.tokenizer, pipe.text_encoder, embeddings[i], o.embeddings[i]);
+
+  options.prompts = o.prompts;
+  options.negative_prompt = o.negative_prompt;
+  options.num_inference_steps = o.num_inference_steps;
+  options.guidance_scale = o.guidance_scale;
+  options.num_images_per_prompt = o.num_images_per_prompt;
+  // Latents given without a size: the size is theirs.
+  if (options.initial_latents.defined() && options.initial_latents.dim() == 4) {
+    if (!o.height) o.height = options.initial_latents.size(2) * f;
+    if (!o.width) o.width = options.initial_latents.size(3) * f;
+  }
+  options.height = o.height.value_or(0);
+  options.width = o.width.value_or(0);
+  const bool random_seed = !o.seed;
+  // 31 bits: a seed short enough to retype, like the ones people pass to torch.manual_seed.
+  options.seed = o.seed ? *o.seed : std::random_device{}() & 0x7fffffffu;
+  if (random_seed) std::printf("seed %llu\n", static_cast<unsigned long long>(options.seed));
+
+  ProgressBar bar("generate", scheduler->timesteps().size(0));  // PNDM runs one step more than asked
+  pipeline::Txt2ImgHooks hooks;
+  hooks.on_progress = [&bar](int done, int total) { bar.update(done); };
+  pipeline::Txt2ImgResult result = pipeline::txt2img(pipe, *scheduler, options, hooks);
+  bar.finish();
+
+  std::vector<fs::path> written;
+  if (!o.output_dir.empty()) {
+    const fs::path out = o.output_dir;
+    fs::create_directories(out);
+    const int64_t per_prompt = o.num_images_per_prompt;
+    for (int64_t k = 0; k < result.images_uint8.size(0); ++k) {
+      const fs::path path = out / fmt::format("p{}-s{}-i{}.png", k / per_prompt, result.seeds[k], k % per_prompt);
+      io::save_png(path, to_rgb(result.images_uint8[k]));
+      written.push_back(path);
+    }
+    const fs::path grid = out / "grid.png";
+    io::save_png(grid, make_grid(result.images_uint8, static_cast<int64_t>(o.prompts.size()), per_prompt));
+    written.push_back(grid);
+  }
+  if (!o.save_raw.empty()) {
+    io::save_safetensors(o.save_raw, {{"images", result.images}});
+    written.push_back(o.save_raw);
+  }
+  for (const auto& path : written) std::printf("%s\n", path.string().c_str());
+  return 0;
+}
+
+}  // namespace
+
+void add_generate(CLI::App& app, std::function<int()>& chosen) {
+  auto* cmd = app.add_subcommand("generate", "Generate images from text prompts with a diffusers pipeline folder");
+  auto o = std::make_shared<GenerateOptions>();
+  flag(cmd, "--model", o->model, "Pipeline folder in the diffusers layout")->required();
+  auto* prompt = repeated_flag(cmd, "--prompt", o->prompts, "A prompt (repeatable: one batch of images per prompt)");
+  flag(cmd, "--prompt_file", o->prompt_file, "A text file with one prompt per line (blank lines skipped)")
+      ->excludes(prompt);
+  flag(cmd, "--negative_prompt", o->negative_prompt, "What the images should not show (for every prompt)");
+  flag(cmd, "--num_inference_steps", o->num_inference_steps, "Denoising steps");
+  flag(cmd, "--guidance_scale", o->guidance_scale, "Classifier-free guidance scale; <= 1 turns guidance off");
+  flag(cmd, "--height", o->height, "Image height in pixels (default: the UNet's sample_size x the VAE factor)");
+  flag(cmd, "--width", o->width, "Image width in pixels (default: the UNet's sample_size x the VAE factor)");
+  flag(cmd, "--seed", o->seed,
+       "Seed (random and printed when absent); image k of the run (prompt i, image j: k = i*num_images_per_prompt + j) "
+       "uses a generator seeded seed + k, so it reproduces alone with --seed seed+k");
+  flag(cmd, "--num_images_per_prompt", o->num_images_per_prompt, "Images per prompt")->check(CLI::PositiveNumber);
+  flag(cmd, "--scheduler", o->scheduler,
+       "Scheduler class or alias (pndm, ddim, euler, euler_a, dpm++, ddpm); default: the pipeline's");
+  flag(cmd, "--mixed_precision", o->mixed_precision, "bf16 runs the UNet and VAE in bfloat16")
+      ->check(CLI::IsMember({"no", "bf16"}));
+  repeated_flag(cmd, "--embeddings", o->embeddings,
+                "A textual-inversion embedding file (diffusers learned_embeds or A1111 format; repeatable)");
+  flag(cmd, "--init_latents", o->init_latents,
+       "Start from these latents (safetensors: tensor 'latents' or the only tensor, [N,4,h,w]) for reproducibility");
+  flag(cmd, "--output_dir", o->output_dir,
+       "Where PNGs go: p<prompt>-s<seed>-i<image>.png per image and grid.png (rows: prompts); '' writes none");
+  flag(cmd, "--save_raw", o->save_raw,
+       "Also write the decoded images, float32 [N,H,W,3] in 0..1, as tensor 'images' of this safetensors file");
+  flag(cmd, "--threads", o->threads, "Intra-op threads (default: all cores)")->check(CLI::PositiveNumber);
+  cmd->callback([o, &chosen] { chosen = [o] { return run_generate(*o); }; });
+}
+
+}  // namespace sd::cli

@@ -1,0 +1,197 @@
+// `sdtrain generate` end to end: the tiny-sd1 txt2img goldens through the binary (--init_latents, --save_raw and
+// the PNGs), embeddings, file names and sizes, pipe output, and one clear line for every bad input.
+#include <ATen/ATen.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "io/image.h"
+#include "io/safetensors.h"
+#include "models/model_test_util.h"
+#include "pipeline/embedding_file.h"
+#include "pipeline/stable_diffusion.h"
+#include "pipeline/textual_inversion_embeddings.h"
+#include "pipeline/txt2img.h"
+#include "schedulers/factory.h"
+#include "test_util.h"
+
+namespace sd {
+namespace {
+
+namespace fs = std::filesystem;
+using sd::test::matches_golden;
+
+const char* kPrompt = "a photo of an astronaut riding a horse";
+
+std::string quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+sd::test::CommandResult generate(const std::string& args) {
+  return sd::test::run_command(sd::test::sdtrain_binary() + " generate " + args);
+}
+
+std::string tiny() { return quote((sd::test::fixtures() / "tiny-sd1").string()); }
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+at::Tensor pixels_of(const io::RgbImage& image) {
+  return at::from_blob(const_cast<uint8_t*>(image.pixels.data()), {image.height, image.width, 3}, at::kByte).clone();
+}
+
+class GenerateGolden : public ::testing::TestWithParam<std::pair<std::string, std::string>> {};
+
+TEST_P(GenerateGolden, BinaryReproducesDiffusers) {
+  const auto& [name, scheduler] = GetParam();
+  const io::TensorMap g = io::load_safetensors(sd::test::golden("tiny-sd1/txt2img_" + name + ".safetensors"));
+  sd::test::TempDir dir;
+  io::save_safetensors(dir.path() / "latents.safetensors", {{"latents", g.at("input.latents")}});
+  const fs::path raw = dir.path() / "raw.safetensors";
+  const fs::path out = dir.path() / "out";
+  std::string args = "--model " + tiny() + " --prompt " + quote(kPrompt) +
+                     " --num_inference_steps 4 --guidance_scale 7.5 --seed 42 --threads 1 --init_latents " +
+                     quote((dir.path() / "latents.safetensors").string()) + " --save_raw " + quote(raw.string()) +
+                     " --output_dir " + quote(out.string());
+  if (!scheduler.empty()) args += " --scheduler " + scheduler;
+  auto r = generate(args);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(lines_of(r.output), (std::vector<std::string>{(out / "p0-s42-i0.png").string(),
+                                                          (out / "grid.png").string(), raw.string()}));
+  io::SafeTensorsFile file(raw);
+  EXPECT_EQ(file.names(), std::vector<std::string>{"images"});
+  const at::Tensor images = file.read("images");
+  EXPECT_EQ(images.scalar_type(), at::kFloat);
+  EXPECT_TRUE(matches_golden("image via binary", images, g.at("image"), 1e-4));
+  const at::Tensor png = pixels_of(io::load_image_rgb(out / "p0-s42-i0.png"));
+  const int64_t worst = (png.to(at::kInt) - g.at("image_uint8")[0].to(at::kInt)).abs().max().item<int64_t>();
+  EXPECT_LE(worst, 1) << "PNG pixels vs golden image_uint8";
+}
+
+INSTANTIATE_TEST_SUITE_P(TinySd1, GenerateGolden,
+                         ::testing::Values(std::pair<std::string, std::string>{"pndm", ""},
+                                           std::pair<std::string, std::string>{"ddim", "ddim"},
+                                           std::pair<std::string, std::string>{"euler", "EulerDiscreteScheduler"}),
+                         [](const auto& info) { return info.param.first; });
+
+// File names (prompt index, the image's own seed, image index), sizes, the grid, and nothing but paths on a pipe.
+TEST(Generate, WritesNamedPngsAndOnlyPathsOnAPipe) {
+  sd::test::TempDir dir;
+  const fs::path prompts = dir.path() / "prompts.txt";
+  std::ofstream(prompts) << "a red cube\r\n\n  \na blue ball\n";
+  const fs::path out = dir.path() / "out";
+  auto r = generate("--model " + tiny() + " --prompt_file " + quote(prompts.string()) +
+                    " --num_images_per_prompt 2 --num_inference_steps 2 --height 32 --width 48 --seed 5 " +
+                    "--threads 1 --output_dir " + quote(out.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::vector<std::string> expected;
+  for (const char* name : {"p0-s5-i0.png", "p0-s6-i1.png", "p1-s7-i0.png", "p1-s8-i1.png", "grid.png"})
+    expected.push_back((out / name).string());
+  EXPECT_EQ(lines_of(r.output), expected);
+  std::vector<at::Tensor> cells;
+  for (size_t k = 0; k < 4; ++k) {
+    io::RgbImage image = io::load_image_rgb(expected[k]);
+    EXPECT_EQ(image.width, 48);
+    EXPECT_EQ(image.height, 32);
+    cells.push_back(pixels_of(image));
+  }
+  io::RgbImage grid = io::load_image_rgb(out / "grid.png");
+  EXPECT_EQ(grid.width, 96);   // two images per prompt side by side
+  EXPECT_EQ(grid.height, 64);  // one row per prompt
+  const at::Tensor g = pixels_of(grid);
+  EXPECT_TRUE(at::equal(g.narrow(0, 0, 32).narrow(1, 48, 48), cells[1]));
+  EXPECT_TRUE(at::equal(g.narrow(0, 32, 32).narrow(1, 0, 48), cells[2]));
+}
+
+TEST(Generate, RandomSeedIsPrintedAndNamesTheFiles) {
+  sd::test::TempDir dir;
+  auto r = generate("--model " + tiny() + " --prompt cat --num_inference_steps 1 --threads 1 --output_dir " +
+                    quote(dir.path().string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto lines = lines_of(r.output);
+  ASSERT_EQ(lines.size(), 3u) << r.output;
+  ASSERT_EQ(lines[0].rfind("seed ", 0), 0u) << lines[0];
+  const std::string seed = lines[0].substr(5);
+  EXPECT_EQ(lines[1], (dir.path() / ("p0-s" + seed + "-i0.png")).string());
+}
+
+// --embeddings through the binary gives what the library gives with the embedding applied (and the embedding
+// changes the image of a prompt that uses its token).
+TEST(Generate, EmbeddingsAreUsedByPrompts) {
+  sd::test::TempDir dir;
+  const auto emb = sd::test::golden("tiny-sd1/learned_embeds.safetensors");
+  const fs::path raw = dir.path() / "raw.safetensors";
+  auto r = generate("--model " + tiny() + " --prompt " + quote("a <dicoo> toy") + " --embeddings " +
+                    quote(emb.string()) + " --num_inference_steps 2 --seed 3 --threads 1 --output_dir '' --save_raw " +
+                    quote(raw.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const at::Tensor from_binary = io::load_safetensors(raw).at("images");
+
+  pipeline::StableDiffusion pipe = pipeline::load_pipeline(sd::test::fixtures() / "tiny-sd1");
+  pipeline::Txt2ImgOptions o;
+  o.prompts = {"a <dicoo> toy"};
+  o.num_inference_steps = 2;
+  o.seed = 3;
+  auto scheduler = schedulers::make_scheduler(pipe.scheduler_config);
+  const at::Tensor without = pipeline::txt2img(pipe, *scheduler, o).images;
+  pipeline::load_textual_inversion(pipe.tokenizer, pipe.text_encoder, pipeline::load_embedding_file(emb),
+                                   emb.string());
+  const at::Tensor with = pipeline::txt2img(pipe, *scheduler, o).images;
+  EXPECT_TRUE(matches_golden("binary vs library with embedding", from_binary, with, 1e-5));
+  EXPECT_GT((with - without).abs().max().item<double>(), 1e-3);
+}
+
+// Every bad input: a non-zero exit and exactly one line saying what is wrong.
+void expect_one_line_error(const std::string& args, const std::string& needle) {
+  auto r = generate(args);
+  EXPECT_NE(r.exit_code, 0) << args;
+  const auto lines = lines_of(r.output);
+  ASSERT_EQ(lines.size(), 1u) << r.output;
+  EXPECT_EQ(lines[0].rfind("sdtrain: error: ", 0), 0u) << lines[0];
+  EXPECT_NE(lines[0].find(needle), std::string::npos) << "expected '" << needle << "' in: " << lines[0];
+}
+
+TEST(Generate, BadInputGetsOneClearLine) {
+  sd::test::TempDir dir;
+  const std::string model = "--model " + tiny() + " --prompt cat --seed 1 --threads 1 --output_dir " +
+                            quote((dir.path() / "out").string()) + " ";
+  const std::string base = model + "--num_inference_steps 1 ";
+  expect_one_line_error(base + "--scheduler bogus", "unknown scheduler \"bogus\"");
+  expect_one_line_error(model + "--num_inference_steps 0", "--num_inference_steps must be >= 1, got 0");
+  expect_one_line_error(base + "--height 66", "--height 66 is not a positive multiple of 4, the VAE's scale factor");
+  expect_one_line_error(base + "--width 30", "--width 30 is not a positive multiple of 4");
+
+  io::save_safetensors(dir.path() / "wide.safetensors", {{"<wide>", at::zeros({1, 64})}});
+  expect_one_line_error(base + "--embeddings " + quote((dir.path() / "wide.safetensors").string()),
+                        "wide.safetensors: embedding '<wide>' has width 64 but the text encoder's hidden_size is 32");
+  io::save_safetensors(dir.path() / "known.safetensors", {{"<|endoftext|>", at::zeros({1, 32})}});
+  expect_one_line_error(base + "--embeddings " + quote((dir.path() / "known.safetensors").string()),
+                        "known.safetensors: token '<|endoftext|>' is already in the tokenizer's vocabulary");
+  const std::string emb = quote(sd::test::golden("tiny-sd1/learned_embeds.safetensors").string());
+  expect_one_line_error(base + "--embeddings " + emb + " --embeddings " + emb,
+                        "token '<dicoo>' is already in the tokenizer's vocabulary");
+
+  io::save_safetensors(dir.path() / "latents.safetensors", {{"latents", at::zeros({2, 4, 16, 16})}});
+  expect_one_line_error(base + "--init_latents " + quote((dir.path() / "latents.safetensors").string()),
+                        "initial latents have shape [2, 4, 16, 16] but 1 image(s) of 64x64 need [1, 4, 16, 16]");
+
+  const std::string rest = " --prompt cat --num_inference_steps 1 --threads 1";
+  expect_one_line_error("--model " + quote((dir.path() / "nowhere").string()) + rest, "model folder not found");
+  // A pipeline copy with a truncated UNet file, then one without its vae/ folder.
+  const fs::path broken = dir.path() / "broken";
+  fs::copy(sd::test::fixtures() / "tiny-sd1", broken, fs::copy_options::recursive);
+  const fs::path unet = broken / "unet" / "diffusion_pytorch_model.safetensors";
+  fs::resize_file(unet, fs::file_size(unet) / 2);
+  expect_one_line_error("--model " + quote(broken.string()) + rest, unet.string());
+  fs::remove_all(broken / "vae");
+  expect_one_line_error("--model " + quote(broken.string()) + rest, "missing the vae/ folder");
+}
+
+}  // namespace
+}  // namespace sd
