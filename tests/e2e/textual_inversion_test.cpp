@@ -52,7 +52,9 @@ sd::test::TempDir* TextualInversionE2E::dir_ = nullptr;
 
 TEST_F(TextualInversionE2E, TrainsAndWritesEveryOutput) {
   auto r = run_command(sdtrain(train_args(out_.path(), "--max_train_steps=4 --save_steps=2 --checkpointing_steps=2 "
-                                                       "--checkpoints_total_limit=1 --save_as_full_pipeline")));
+                                                       "--checkpoints_total_limit=1 --save_as_full_pipeline "
+                                                       "--validation_prompt='a photo of <dicoo>' --validation_steps=4 "
+                                                       "--num_validation_images=2")));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const fs::path out = out_.path();
   io::SafeTensorsFile embeds(out / "learned_embeds.safetensors");
@@ -84,6 +86,24 @@ TEST_F(TextualInversionE2E, TrainsAndWritesEveryOutput) {
   EXPECT_TRUE(at::equal(pipe.text_encoder->token_embedding()->weight[*id], learned[0]));
   auto toy = pipe.tokenizer.encode_tokens("toy").at(0);
   EXPECT_FALSE(at::equal(learned[0], pipe.text_encoder->token_embedding()->weight[toy])) << "the embedding moved";
+
+  // Validation images at step 4 (25 DPM-Solver++ steps at the training resolution).
+  EXPECT_EQ(io::load_image_rgb(out / "validation" / "step-4-0.png").width, 32);
+  EXPECT_TRUE(fs::exists(out / "validation" / "step-4-1.png"));
+
+  // Generation with what was trained: the base model plus the embedding file, and the saved full pipeline.
+  auto with_embeds = run_command(sdtrain("generate --model " + model().string() + " --embeddings " +
+                                         (out / "learned_embeds.safetensors").string() +
+                                         " --prompt 'a <dicoo> on a table' --num_inference_steps 3 --height 32"
+                                         " --width 32 --seed 3 --threads 1 --output_dir " + (out / "gen").string()));
+  ASSERT_EQ(with_embeds.exit_code, 0) << with_embeds.output;
+  EXPECT_TRUE(fs::exists(out / "gen" / "p0-s3-i0.png")) << with_embeds.output;
+  auto full = run_command(sdtrain("generate --model " + out.string() + " --prompt 'a <dicoo> on a table'"
+                                  " --num_inference_steps 3 --height 32 --width 32 --seed 3 --threads 1 --output_dir " +
+                                  (out / "gen-full").string()));
+  ASSERT_EQ(full.exit_code, 0) << full.output;
+  // Both routes put the same rows behind the same ids, so they generate the same image.
+  EXPECT_EQ(io::read_text_file(out / "gen" / "p0-s3-i0.png"), io::read_text_file(out / "gen-full" / "p0-s3-i0.png"));
 }
 
 TEST_F(TextualInversionE2E, ResumeFromLatestIsBitIdenticalToAnUninterruptedRun) {

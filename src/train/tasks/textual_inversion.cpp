@@ -23,7 +23,10 @@
 #include "models/weights.h"
 #include "pipeline/embedding_file.h"
 #include "pipeline/stable_diffusion.h"
+#include "pipeline/txt2img.h"
 #include "schedulers/ddpm.h"
+#include "schedulers/factory.h"
+#include "io/image.h"
 #include "train/adamw.h"
 #include "train/checkpoints.h"
 #include "train/lr_schedule.h"
@@ -91,6 +94,8 @@ class Trainer {
   void save_checkpoint();
   void load_checkpoint(const fs::path& dir);
   void save_full_pipeline();
+  void write_learned_rows_into_text_encoder();
+  void run_validation();
   bool is_main() const { return comm_->rank() == 0; }
 
   TextualInversionOptions o_;
@@ -274,13 +279,34 @@ void Trainer::load_checkpoint(const fs::path& dir) {
   if (is_main()) note(fmt::format("resuming from {} (step {})", dir.string(), state_.global_step));
 }
 
+void Trainer::write_learned_rows_into_text_encoder() {
+  torch::NoGradGuard no_grad;
+  pipe_->text_encoder->token_embedding()->weight.narrow(0, first_placeholder_, o_.num_vectors).copy_(learned_);
+}
+
+void Trainer::run_validation() {
+  // As the reference's log_validation: DPM-Solver++ from the pipeline's scheduler config, 25 steps, the run's seed.
+  write_learned_rows_into_text_encoder();
+  auto scheduler = schedulers::make_scheduler(pipe_->scheduler_config, "DPMSolverMultistepScheduler");
+  pipeline::Txt2ImgOptions options;
+  options.prompts = {o_.validation_prompt};
+  options.num_inference_steps = 25;
+  options.num_images_per_prompt = o_.num_validation_images;
+  options.seed = state_.seed;
+  options.height = options.width = o_.resolution;
+  const at::Tensor images = pipeline::txt2img(*pipe_, *scheduler, options).images_uint8;
+  for (int64_t i = 0; i < images.size(0); ++i) {
+    const at::Tensor hwc = images[i].contiguous();
+    io::RgbImage image{static_cast<int>(hwc.size(1)), static_cast<int>(hwc.size(0)),
+                       std::vector<uint8_t>(hwc.data_ptr<uint8_t>(), hwc.data_ptr<uint8_t>() + hwc.numel())};
+    io::save_png(output_dir_ / "validation" / fmt::format("step-{}-{}.png", state_.global_step, i), image);
+  }
+}
+
 void Trainer::save_full_pipeline() {
   // The UNet, VAE and scheduler are unchanged: their files are copied as they are (full precision), and only the
   // tokenizer and the text encoder, which gained the learned token rows, are written anew.
-  {
-    torch::NoGradGuard no_grad;
-    pipe_->text_encoder->token_embedding()->weight.narrow(0, first_placeholder_, o_.num_vectors).copy_(learned_);
-  }
+  write_learned_rows_into_text_encoder();
   const fs::path source = o_.pretrained_model_name_or_path;
   for (const char* part : {"unet", "vae", "scheduler"}) {
     write_directory_atomically(output_dir_ / part, [&](const fs::path& tmp) {
@@ -318,6 +344,7 @@ int Trainer::run() {
     if (state_.global_step % o_.save_steps == 0)
       save_embeddings(output_dir_ / fmt::format("learned_embeds-steps-{}.safetensors", state_.global_step));
     if (state_.global_step % o_.checkpointing_steps == 0 || stopping) save_checkpoint();
+    if (!o_.validation_prompt.empty() && state_.global_step % o_.validation_steps == 0 && !stopping) run_validation();
     if (stopping) {
       bar.finish();
       note(fmt::format("stopped at step {}: checkpoint-{} written; resume with --resume_from_checkpoint latest",
