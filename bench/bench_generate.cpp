@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "core/threads.h"
 #include "bench_util.h"
 #include "core/assets.h"
 #include "io/atomic_file.h"
@@ -147,7 +148,7 @@ int main(int argc, char** argv) {
     }
     return rc;
   }
-  at::set_num_threads(threads);
+  sd::set_compute_threads(threads);
   try {
     return run_case(dtype, size);
   } catch (const std::exception& e) {

@@ -9,6 +9,7 @@
 #include <string>
 #include <thread>
 
+#include "core/threads.h"
 #include "bench_util.h"
 #include "models/unet/unet_2d_condition.h"
 
@@ -19,7 +20,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--threads")) threads = std::stoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--repeats")) repeats = std::stoi(argv[i + 1]);
   }
-  at::set_num_threads(threads);
+  sd::set_compute_threads(threads);
   for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
     sd::bench::reset_peak_rss();
     torch::InferenceMode inference;

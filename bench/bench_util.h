@@ -2,14 +2,21 @@
 // mark, reset between cases), and one JSON object per case on stdout.
 #pragma once
 #include <ATen/Parallel.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <filesystem>
 #include <chrono>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
+
+#include "io/image.h"
 
 namespace sd::bench {
 
@@ -49,6 +56,59 @@ inline Timing time_it(const std::function<void()>& fn, int warmup, int repeats) 
 inline nlohmann::json timing_json(const Timing& t) {
   return {{"median_s", t.median_s}, {"min_s", t.min_s}, {"samples_s", t.samples_s},
           {"threads", at::get_num_threads()}};
+}
+
+// A benchmarked command run in its own process: its exit code and its peak resident memory (from wait4).
+struct ChildRun {
+  int exit_code = -1;
+  double peak_rss_gib = 0;
+};
+
+inline ChildRun run_child(const std::vector<std::string>& args) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    // The command's own stdout (the paths it wrote) would mix with the JSON results.
+    if (!std::freopen("/dev/null", "w", stdout)) _exit(126);
+    std::vector<char*> argv;
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  int status = 0;
+  struct rusage usage {};
+  wait4(pid, &status, 0, &usage);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), usage.ru_maxrss / double(1 << 20)};
+}
+
+// The sdtrain binary beside the benchmark's own executable.
+inline std::string sdtrain_beside_me() {
+  return (std::filesystem::canonical("/proc/self/exe").parent_path() / "sdtrain").string();
+}
+
+// step_time_s of every line of a training run's metrics.jsonl, minus the first `warmup`.
+inline std::vector<double> step_times(const std::filesystem::path& metrics, size_t warmup) {
+  std::vector<double> out;
+  std::ifstream in(metrics);
+  std::string line;
+  for (size_t i = 0; std::getline(in, line); ++i)
+    if (i >= warmup) out.push_back(nlohmann::json::parse(line)["step_time_s"].get<double>());
+  return out;
+}
+
+// `count` 600x520 patterned PNGs in `dir`: training images for the textual-inversion benchmarks.
+inline void write_bench_images(const std::filesystem::path& dir, int count) {
+  std::filesystem::create_directories(dir);
+  for (int i = 0; i < count; ++i) {
+    sd::io::RgbImage image{600, 520, std::vector<uint8_t>(600 * 520 * 3)};
+    for (size_t p = 0; p < image.pixels.size(); ++p) image.pixels[p] = static_cast<uint8_t>((p * (3 + i)) % 241);
+    sd::io::save_png(dir / ("img" + std::to_string(i) + ".png"), image);
+  }
+}
+
+inline double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
 }
 
 }  // namespace sd::bench

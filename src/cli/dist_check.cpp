@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "core/threads.h"
 #include "core/error.h"
 #include "dist/communicator.h"
 #include "dist/rendezvous.h"
@@ -42,7 +43,7 @@ int run_dist_check(const DistCheckOptions& o) {
   copts.timeout = dist::timeout_from_seconds(o.dist_timeout, "--dist_timeout");
   copts.iface = o.dist_iface;
   const int threads = dist::threads_for_rank(o.threads > 0 ? std::optional<int>(o.threads) : std::nullopt, env);
-  at::set_num_threads(threads);
+  set_compute_threads(threads);
   SD_CHECK(o.size_mb > 0 && o.size_mb <= 4096, "--size_mb must be in (0, 4096], got {}", o.size_mb);
   if (o.wait_for_stop) dist::install_stop_signal_handlers();
   const int fault_rank = o.fault_rank >= 0 ? o.fault_rank : env.world_size - 1;

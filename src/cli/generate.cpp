@@ -9,6 +9,7 @@
 #include <sstream>
 #include <thread>
 
+#include "core/threads.h"
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "core/error.h"
@@ -90,7 +91,7 @@ io::RgbImage make_grid(const at::Tensor& images, int64_t rows, int64_t cols) {  
 }
 
 int run_generate(GenerateOptions o) {
-  at::set_num_threads(o.threads ? *o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  set_compute_threads(o.threads ? *o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   const fs::path dir = o.model;
   pipeline::check_pipeline_layout(dir);
 

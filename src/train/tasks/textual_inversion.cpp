@@ -1,3 +1,4 @@
+#include "core/threads.h"
 #include "train/tasks/textual_inversion.h"
 
 #include <ATen/Parallel.h>
@@ -121,7 +122,7 @@ class Trainer {
 
 Trainer::Trainer(const TextualInversionOptions& o) : o_(o), output_dir_(o.output_dir) {
   env_ = dist::detect_dist_env();
-  at::set_num_threads(dist::threads_for_rank(o.threads, env_));
+  set_compute_threads(dist::threads_for_rank(o.threads, env_));
   dist::install_stop_signal_handlers();
   dist::CommOptions comm_options;
   comm_options.timeout = dist::timeout_from_seconds(o.dist_timeout_s);

@@ -1,0 +1,18 @@
+#include "core/threads.h"
+
+#include <ATen/Parallel.h>
+#include <dlfcn.h>
+
+#include <algorithm>
+
+namespace sd {
+
+void set_compute_threads(int threads) {
+  at::set_num_threads(std::max(1, threads));
+  // Looked up at run time: the BLAS behind libblas.so.3 is whichever Debian alternative is installed.
+  using SetThreads = void (*)(int);
+  if (auto set_blas_threads = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads")))
+    set_blas_threads(1);
+}
+
+}  // namespace sd
