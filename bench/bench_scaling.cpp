@@ -30,16 +30,12 @@ int main(int argc, char** argv) {
   std::stringstream list(cases);
   std::string name;
   while (std::getline(list, name, ',')) {
-    const bool tiny = name == "tiny";
-    const std::string preset = tiny ? "tiny" : "sd15";
-    const std::string resolution = tiny ? "64" : name.substr(name.find('-') + 1);
+    const sd::bench::TrainingCase c = sd::bench::parse_case(name);
+    const bool tiny = c.tiny();
+    const std::string &preset = c.preset, &resolution = c.resolution;
     const int warmup = tiny ? 5 : 1, measured = steps ? steps : (tiny ? 30 : 3);
     const fs::path model = work / preset;
-    if (!fs::exists(model / "model_index.json") &&
-        sd::bench::run_child({sdtrain, "init", "--preset", preset, "--out", model.string()}).exit_code != 0) {
-      std::fprintf(stderr, "bench: init --preset %s failed\n", preset.c_str());
-      return 1;
-    }
+    if (!sd::bench::ensure_preset(sdtrain, model, preset)) return 1;
     auto train = [&](const fs::path& out, int threads) {
       return std::vector<std::string>{
           "textual-inversion", "--pretrained_model_name_or_path=" + model.string(),

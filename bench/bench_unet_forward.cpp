@@ -12,6 +12,7 @@
 #include "core/threads.h"
 #include "bench_util.h"
 #include "models/unet/unet_2d_condition.h"
+#include "models/weights.h"
 
 int main(int argc, char** argv) {
   int threads = static_cast<int>(std::thread::hardware_concurrency());
@@ -25,8 +26,10 @@ int main(int argc, char** argv) {
     sd::bench::reset_peak_rss();
     torch::InferenceMode inference;
     at::manual_seed(0);
-    sd::models::UNet2DConditionModel unet(sd::models::UNetConfig::sd15());
-    unet->to(dtype);
+    sd::models::UNet2DConditionModel unet = [&] {
+      sd::models::ScopedDefaultDtype built_in(dtype);  // as load_unet: no float32 copy of bf16 weights
+      return sd::models::UNet2DConditionModel(sd::models::UNetConfig::sd15());
+    }();
     const auto opts = at::TensorOptions().dtype(dtype);
     at::Tensor sample = at::randn({1, 4, 64, 64}).to(opts);
     at::Tensor timestep = at::full({1}, 500, at::kLong);

@@ -106,6 +106,27 @@ inline void write_bench_images(const std::filesystem::path& dir, int count) {
   }
 }
 
+// A training benchmark case by name: "tiny" (64x64) or "sd15-RES" (the SD-1.5 architecture at RES x RES).
+struct TrainingCase {
+  std::string preset;
+  std::string resolution;
+  bool tiny() const { return preset == "tiny"; }
+};
+
+inline TrainingCase parse_case(const std::string& name) {
+  if (name == "tiny") return {"tiny", "64"};
+  return {"sd15", name.substr(name.find('-') + 1)};
+}
+
+// The random-weight pipeline of `preset` under `work`, written by `sdtrain init` the first time it is needed.
+// Returns false (with a message) if init failed.
+inline bool ensure_preset(const std::string& sdtrain, const std::filesystem::path& model, const std::string& preset) {
+  if (std::filesystem::exists(model / "model_index.json")) return true;
+  if (run_child({sdtrain, "init", "--preset", preset, "--out", model.string()}).exit_code == 0) return true;
+  std::fprintf(stderr, "bench: sdtrain init --preset %s failed\n", preset.c_str());
+  return false;
+}
+
 inline double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];

@@ -52,7 +52,7 @@ void add_textual_inversion(CLI::App& app, std::function<int()>& chosen) {
   switch_flag(cmd, "--save_as_full_pipeline", o->save_as_full_pipeline,
               "Also write the whole pipeline with the extended tokenizer and text encoder");
   switch_flag(cmd, "--no_safe_serialization", o->no_safe_serialization,
-              "Accepted; sdtrain always writes safetensors (it cannot write Python pickles)");
+              "Write learned_embeds*.bin (torch.save format) instead of safetensors");
   flag(cmd, "--checkpointing_steps", o->checkpointing_steps, "Write a resumable checkpoint-N every N steps")
       ->check(CLI::PositiveNumber);
   flag(cmd, "--checkpoints_total_limit", o->checkpoints_total_limit, "Keep at most this many checkpoints");

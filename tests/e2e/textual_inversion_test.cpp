@@ -5,6 +5,7 @@
 #include "io/atomic_file.h"
 #include "io/image.h"
 #include "io/safetensors.h"
+#include "pipeline/embedding_file.h"
 #include "pipeline/stable_diffusion.h"
 #include "test_util.h"
 
@@ -125,6 +126,16 @@ TEST_F(TextualInversionE2E, MultiVectorStyle) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   io::SafeTensorsFile embeds(out_.path() / "learned_embeds.safetensors");
   EXPECT_EQ(embeds.entry("<dicoo>").shape, (std::vector<int64_t>{3, 32}));
+}
+
+TEST_F(TextualInversionE2E, NoSafeSerializationWritesTorchSaveFiles) {
+  auto r = run_command(sdtrain(train_args(out_.path(), "--max_train_steps=2 --save_steps=1 --no_safe_serialization")));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(fs::exists(out_.path() / "learned_embeds-steps-1.bin"));
+  EXPECT_FALSE(fs::exists(out_.path() / "learned_embeds.safetensors"));
+  pipeline::EmbeddingFile e = pipeline::load_embedding_file(out_.path() / "learned_embeds.bin");
+  EXPECT_EQ(e.token, "<dicoo>");
+  EXPECT_EQ(e.vectors.sizes(), (std::vector<int64_t>{1, 32}));
 }
 
 void expect_one_line_error(const sd::test::CommandResult& r, const std::string& fragment) {

@@ -4,7 +4,10 @@
 #include <ATen/Parallel.h>
 #include <torch/autograd.h>
 
+#include <torch/serialize.h>
+
 #include <chrono>
+#include <fstream>
 #include <cstdio>
 #include <map>
 #include <random>
@@ -92,6 +95,8 @@ class Trainer {
   const models::DiagonalGaussian& posterior(int64_t image, bool flip);
   double train_step();
   void save_embeddings(const fs::path& path) const;
+  // learned_embeds<suffix>.safetensors, or .bin (a torch.save file) under --no_safe_serialization.
+  fs::path embeddings_path(const std::string& suffix) const;
   void save_checkpoint();
   void load_checkpoint(const fs::path& dir);
   void save_full_pipeline();
@@ -237,8 +242,25 @@ double Trainer::train_step() {
   return losses[0].item<double>();
 }
 
+fs::path Trainer::embeddings_path(const std::string& suffix) const {
+  return output_dir_ / ("learned_embeds" + suffix + (o_.no_safe_serialization ? ".bin" : ".safetensors"));
+}
+
 void Trainer::save_embeddings(const fs::path& path) const {
-  io::save_safetensors(path, {{o_.placeholder_token, learned_.detach().clone()}}, {{"format", "pt"}});
+  const at::Tensor rows = learned_.detach().clone();
+  if (path.extension() != ".bin") {
+    io::save_safetensors(path, {{o_.placeholder_token, rows}}, {{"format", "pt"}});
+    return;
+  }
+  // What the reference's torch.save writes: a dict {token: tensor} that torch.load reads.
+  c10::Dict<std::string, at::Tensor> dict;
+  dict.insert(o_.placeholder_token, rows);
+  const std::vector<char> bytes = torch::pickle_save(dict);
+  io::write_atomically(path, [&](const fs::path& tmp) {
+    std::ofstream out(tmp, std::ios::binary);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    SD_CHECK(out.good(), "{}: could not write", tmp.string());
+  });
 }
 
 void Trainer::save_checkpoint() {
@@ -343,7 +365,7 @@ int Trainer::run() {
                     {"images_per_s", static_cast<double>(layout_.global()) / seconds}});
     bar.update(state_.global_step, fmt::format("loss {:.4f} lr {:.2e}", loss, lr));
     if (state_.global_step % o_.save_steps == 0)
-      save_embeddings(output_dir_ / fmt::format("learned_embeds-steps-{}.safetensors", state_.global_step));
+      save_embeddings(embeddings_path(fmt::format("-steps-{}", state_.global_step)));
     if (state_.global_step % o_.checkpointing_steps == 0 || stopping) save_checkpoint();
     if (!o_.validation_prompt.empty() && state_.global_step % o_.validation_steps == 0 && !stopping) run_validation();
     if (stopping) {
@@ -356,8 +378,8 @@ int Trainer::run() {
   bar.finish();
   if (is_main()) {
     if (o_.save_as_full_pipeline) save_full_pipeline();
-    save_embeddings(output_dir_ / "learned_embeds.safetensors");
-    std::printf("%s\n", (output_dir_ / "learned_embeds.safetensors").c_str());
+    save_embeddings(embeddings_path(""));
+    std::printf("%s\n", embeddings_path("").c_str());
   }
   comm_->barrier();
   return 0;
