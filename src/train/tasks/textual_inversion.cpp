@@ -7,6 +7,7 @@
 #include <torch/serialize.h>
 
 #include <chrono>
+#include <csignal>
 #include <fstream>
 #include <cstdio>
 #include <map>
@@ -45,6 +46,9 @@ using nlohmann::json;
 namespace {
 
 void note(const std::string& text) { std::fprintf(stderr, "sdtrain: %s\n", text.c_str()); }
+
+// 128 + the signal that stopped the run (SIGTERM when another rank was signalled), so a restart policy relaunches.
+int stop_exit_code() { return 128 + (dist::stop_signal() ? dist::stop_signal() : SIGTERM); }
 
 at::ScalarType weight_dtype_for(const std::string& mixed_precision, bool main_rank) {
   if (mixed_precision == "no") return at::kFloat;
@@ -354,7 +358,7 @@ int Trainer::run() {
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     const bool stopping = dist::any_rank_stopping(*comm_);
     if (!is_main()) {
-      if (stopping) return 128 + (dist::stop_signal() ? dist::stop_signal() : 15);
+      if (stopping) return stop_exit_code();
       continue;
     }
     metrics_.write({{"step", state_.global_step},
@@ -372,7 +376,7 @@ int Trainer::run() {
       bar.finish();
       note(fmt::format("stopped at step {}: checkpoint-{} written; resume with --resume_from_checkpoint latest",
                        state_.global_step, state_.global_step));
-      return 128 + (dist::stop_signal() ? dist::stop_signal() : 15);
+      return stop_exit_code();
     }
   }
   bar.finish();
