@@ -25,7 +25,7 @@ void add_textual_inversion(CLI::App& app, std::function<int()>& chosen) {
   switch_flag(cmd, "--center_crop", o->center_crop, "Center-crop images to a square before resizing");
   flag(cmd, "--train_batch_size", o->train_batch_size, "Images per rank per micro-batch")->check(CLI::PositiveNumber);
   flag(cmd, "--num_train_epochs", o->num_train_epochs, "Epochs, used when --max_train_steps is not given");
-  flag(cmd, "--max_train_steps", o->max_train_steps, "Optimizer steps; overrides --num_train_epochs")
+  flag(cmd, "--max_train_steps", o->max_train_steps, "Optimizer steps (default 5000, as the reference); overrides --num_train_epochs")
       ->check(CLI::PositiveNumber);
   flag(cmd, "--gradient_accumulation_steps", o->gradient_accumulation_steps, "Micro-batches per optimizer step")
       ->check(CLI::PositiveNumber);

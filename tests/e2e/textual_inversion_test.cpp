@@ -138,6 +138,17 @@ TEST_F(TextualInversionE2E, NoSafeSerializationWritesTorchSaveFiles) {
   EXPECT_EQ(e.vectors.sizes(), (std::vector<int64_t>{1, 32}));
 }
 
+TEST_F(TextualInversionE2E, PythonOnlyFlagsAreAcceptedWithANote) {
+  auto r = run_command(sdtrain(train_args(out_.path(), "--max_train_steps=1 --push_to_hub --hub_token=abc "
+                                                       "--enable_xformers_memory_efficient_attention --allow_tf32 "
+                                                       "--revision=main --mixed_precision=fp16")));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* flag : {"--push_to_hub", "--hub_token", "--enable_xformers_memory_efficient_attention",
+                           "--allow_tf32", "--revision"})
+    EXPECT_NE(r.output.find(std::string("sdtrain: note: ") + flag), std::string::npos) << flag << "\n" << r.output;
+  EXPECT_NE(r.output.find("--mixed_precision fp16: CPUs have no fast float16 kernels"), std::string::npos) << r.output;
+}
+
 void expect_one_line_error(const sd::test::CommandResult& r, const std::string& fragment) {
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find(fragment), std::string::npos) << r.output;
