@@ -23,8 +23,8 @@ ARGS=(textual-inversion --pretrained_model_name_or_path="$MODEL" --train_data_di
 
 case "${1:-hydra}" in
   hydra)   # MPICH / Intel MPI: the seed's form
-    exec ${MPIRUN:-mpirun} -f "$HOSTS" -n "$RANKS" -ppn "$PER_NODE" ${IFACE:+-iface "$IFACE"} -genv MASTER_ADDR "$MASTER_ADDR" "$SDTRAIN" "${ARGS[@]}" ;;
+    exec ${MPIRUN:-mpirun} -f "$HOSTS" -n "$RANKS" -ppn "$PER_NODE" ${IFACE:+-iface "$IFACE"} -genv MASTER_ADDR "$MASTER_ADDR" ${MASTER_PORT:+-genv MASTER_PORT "$MASTER_PORT"} "$SDTRAIN" "${ARGS[@]}" ;;
   openmpi)
-    exec ${MPIRUN:-mpirun} --hostfile "$HOSTS" -n "$RANKS" --map-by ppr:"$PER_NODE":node -x MASTER_ADDR="$MASTER_ADDR" "$SDTRAIN" "${ARGS[@]}" ;;
+    exec ${MPIRUN:-mpirun} --hostfile "$HOSTS" -n "$RANKS" --map-by ppr:"$PER_NODE":node -x MASTER_ADDR="$MASTER_ADDR" ${MASTER_PORT:+-x MASTER_PORT="$MASTER_PORT"} "$SDTRAIN" "${ARGS[@]}" ;;
   *) echo "usage: $0 [hydra|openmpi]" >&2; exit 2 ;;
 esac

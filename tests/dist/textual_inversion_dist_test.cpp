@@ -88,7 +88,9 @@ TEST_F(TextualInversionDist, SeedDeploymentHydraCommandLine) {
   if (!sd::test::have_program("mpirun.mpich")) GTEST_SKIP() << "mpirun.mpich not installed (Debian: mpich)";
   const fs::path hosts = dir_.path() / "hosts";
   std::ofstream(hosts) << "localhost\n";
-  std::vector<std::string> args = {"mpirun.mpich", "-f", hosts.string(), "-n", "2", "-ppn", "2"};
+  // A free port: the default 29500 could meet another test's job under ctest -j.
+  std::vector<std::string> args = {"mpirun.mpich", "-f", hosts.string(), "-n", "2", "-ppn", "2",
+                                   "-genv", "MASTER_PORT", std::to_string(sd::test::free_port())};
   auto command = train(dir_.path() / "hydra", 1, 3);
   args.insert(args.end(), command.begin(), command.end());
   auto r = sd::test::run_process(args, 120s);
@@ -101,7 +103,8 @@ TEST_F(TextualInversionDist, SeedDeploymentHydraCommandLine) {
 
 TEST_F(TextualInversionDist, OpenMpiRuns) {
   if (!sd::test::have_program("mpirun.openmpi")) GTEST_SKIP() << "mpirun.openmpi not installed (Debian: openmpi-bin)";
-  std::vector<std::string> args = {"mpirun.openmpi", "--allow-run-as-root", "--oversubscribe", "-n", "2"};
+  std::vector<std::string> args = {"mpirun.openmpi", "--allow-run-as-root", "--oversubscribe", "-n", "2",
+                                   "-x", "MASTER_PORT=" + std::to_string(sd::test::free_port())};
   auto command = train(dir_.path() / "ompi", 1, 2);
   args.insert(args.end(), command.begin(), command.end());
   auto r = sd::test::run_process(args, 120s);
