@@ -54,6 +54,18 @@ TEST(ScaledAttention, UpcastComputesScoresAndSoftmaxInFloat32) {
   EXPECT_TRUE(at::equal(scaled_attention(qf, kf, vf, 0.25, true, true), scaled_attention(qf, kf, vf, 0.25, false, false)));
 }
 
+TEST(ScaledAttention, Float32InferenceSplitPerHeadIsIdenticalToTheBatchedPath) {
+  at::manual_seed(3);
+  at::Tensor q = at::randn({6, 300, 8}), k = at::randn({6, 260, 8}), v = at::randn({6, 260, 8});
+  at::Tensor batched = scaled_attention(q, k, v, 0.35, false, false);  // grad mode on: the batched path
+  at::Tensor split;
+  {
+    at::NoGradGuard inference;  // large float32 inference: one head per task
+    split = scaled_attention(q, k, v, 0.35, false, false);
+  }
+  EXPECT_TRUE(at::equal(batched, split));
+}
+
 TEST(Norms, Bf16RunsInFloat32AndFloat32IsUntouched) {
   torch::nn::GroupNorm gn(torch::nn::GroupNormOptions(4, 16).eps(1e-6));
   torch::nn::LayerNorm ln(torch::nn::LayerNormOptions({16}));
