@@ -26,7 +26,11 @@ std::vector<int64_t> DistributedSampler::epoch_order(int64_t epoch) const {
 std::vector<int64_t> DistributedSampler::micro_batch(int64_t step, int64_t micro, int64_t rank) const {
   const int64_t epoch = step / steps_per_epoch();
   const int64_t step_in_epoch = step % steps_per_epoch();
-  const std::vector<int64_t> order = epoch_order(epoch);
+  if (epoch != cached_epoch_) {
+    cached_order_ = epoch_order(epoch);
+    cached_epoch_ = epoch;
+  }
+  const std::vector<int64_t>& order = cached_order_;
   const int64_t start = step_in_epoch * layout_.global() + (micro * layout_.world + rank) * layout_.batch;
   return std::vector<int64_t>(order.begin() + start, order.begin() + start + layout_.batch);
 }

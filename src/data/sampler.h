@@ -30,6 +30,9 @@ class DistributedSampler {
   int64_t size_;
   BatchLayout layout_;
   uint64_t seed_;
+  // The permutation of the epoch micro_batch() last served: every micro-batch of an epoch reads the same one.
+  mutable int64_t cached_epoch_ = -1;
+  mutable std::vector<int64_t> cached_order_;
 };
 
 }  // namespace sd::data
