@@ -6,20 +6,64 @@ namespace sd::io {
 
 using nlohmann::json;
 
+namespace {
+
+// Python's json module writes the non-standard tokens -Infinity, Infinity and NaN for float('inf') / nan.
+// Outside string literals they are turned into strings so a strict JSON parser accepts the file.
+std::string quote_python_specials(const std::string& text) {
+  std::string out;
+  out.reserve(text.size() + 16);
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char ch = text[i];
+    if (in_string) {
+      out += ch;
+      if (ch == '\\' && i + 1 < text.size()) {
+        out += text[++i];
+      } else if (ch == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (ch == '"') {
+      in_string = true;
+      out += ch;
+      continue;
+    }
+    bool replaced = false;
+    for (const char* token : {"-Infinity", "Infinity", "NaN"}) {
+      const size_t len = std::char_traits<char>::length(token);
+      if (text.compare(i, len, token) == 0) {
+        out += '"';
+        out += token;
+        out += '"';
+        i += len - 1;
+        replaced = true;
+        break;
+      }
+    }
+    if (!replaced) out += ch;
+  }
+  return out;
+}
+
+}  // namespace
+
+json parse_python_json(const std::string& text, const std::string& source) {
+  try {
+    return json::parse(quote_python_specials(text));
+  } catch (const json::exception& e) {
+    fail("{}: invalid JSON ({})", source, e.what());
+  }
+}
+
 JsonConfig::JsonConfig(json root, std::string source) : root_(std::move(root)), source_(std::move(source)) {
   SD_CHECK(root_.is_object(), "{}: expected a JSON object", source_);
 }
 
 JsonConfig JsonConfig::load(const std::filesystem::path& path) {
   SD_CHECK(std::filesystem::exists(path), "{}: missing file", path.string());
-  const std::string text = read_text_file(path);
-  json root;
-  try {
-    root = json::parse(text);
-  } catch (const json::exception& e) {
-    fail("{}: invalid JSON ({})", path.string(), e.what());
-  }
-  return JsonConfig(std::move(root), path.string());
+  return JsonConfig(parse_python_json(read_text_file(path), path.string()), path.string());
 }
 
 void JsonConfig::fail_key(const std::string& key, const std::string& expected) const {

@@ -11,11 +11,16 @@
 
 namespace sd::io {
 
+// Parses JSON as Python's json module writes it (what diffusers' and transformers' save_pretrained produce): the
+// non-standard -Infinity / Infinity / NaN tokens become the strings "-Infinity" / "Infinity" / "NaN", which the
+// readers of such keys take back as numbers. Invalid JSON throws sd::Error naming `source`.
+nlohmann::json parse_python_json(const std::string& text, const std::string& source);
+
 class JsonConfig {
  public:
   JsonConfig() = default;
   JsonConfig(nlohmann::json root, std::string source);
-  // Reads and parses a JSON object file; a missing file or invalid JSON throws sd::Error naming it.
+  // Reads and parses a JSON object file (parse_python_json); a missing file or invalid JSON throws sd::Error naming it.
   static JsonConfig load(const std::filesystem::path& path);
 
   const std::string& source() const { return source_; }

@@ -4,7 +4,6 @@
 #include <set>
 
 #include "core/error.h"
-#include "io/atomic_file.h"
 
 namespace sd::schedulers {
 
@@ -37,45 +36,6 @@ std::optional<double> special_number(const sd::io::JsonConfig& cfg, const Schedu
     if (s == "NaN") return std::numeric_limits<double>::quiet_NaN();
   }
   return cfg.get<double>(key, 0.0);  // throws the usual "must be a number" error for anything else
-}
-
-// Python's json module writes the non-standard tokens -Infinity, Infinity and NaN for float('inf') / nan.
-// Outside string literals they are turned into strings so a strict JSON parser accepts the file.
-std::string quote_python_specials(const std::string& text) {
-  std::string out;
-  out.reserve(text.size() + 16);
-  bool in_string = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char ch = text[i];
-    if (in_string) {
-      out += ch;
-      if (ch == '\\' && i + 1 < text.size()) {
-        out += text[++i];
-      } else if (ch == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (ch == '"') {
-      in_string = true;
-      out += ch;
-      continue;
-    }
-    bool replaced = false;
-    for (const char* token : {"-Infinity", "Infinity", "NaN"}) {
-      const size_t len = std::char_traits<char>::length(token);
-      if (text.compare(i, len, token) == 0) {
-        out += '"';
-        out += token;
-        out += '"';
-        i += len - 1;
-        replaced = true;
-        break;
-      }
-    }
-    if (!replaced) out += ch;
-  }
-  return out;
 }
 
 // diffusers' betas_for_alpha_bar with the cosine transform, in float64 like the Python original.
@@ -157,19 +117,8 @@ SchedulerConfig SchedulerConfig::from_json(const sd::io::JsonConfig& cfg) {
   return c;
 }
 
-json parse_python_json(const std::string& text, const std::string& source) {
-  try {
-    return json::parse(quote_python_specials(text));
-  } catch (const json::exception& e) {
-    fail("{}: invalid JSON ({})", source, e.what());
-  }
-}
-
 SchedulerConfig SchedulerConfig::load(const std::filesystem::path& path) {
-  SD_CHECK(std::filesystem::exists(path), "{}: missing file", path.string());
-  json root = parse_python_json(sd::io::read_text_file(path), path.string());
-  SD_CHECK(root.is_object(), "{}: expected a JSON object", path.string());
-  return from_json(sd::io::JsonConfig(std::move(root), path.string()));
+  return from_json(sd::io::JsonConfig::load(path));
 }
 
 json SchedulerConfig::to_json(const std::string& cls) const {

@@ -72,10 +72,6 @@ struct SchedulerConfig {
   [[noreturn]] void fail_key(const std::string& key, const std::string& message) const;
 };
 
-// Parses JSON as Python's json module writes it: the non-standard -Infinity / Infinity / NaN tokens become the
-// strings "-Infinity" / "Infinity" / "NaN" (SchedulerConfig reads those back as numbers). Errors name `source`.
-nlohmann::json parse_python_json(const std::string& text, const std::string& source);
-
 // float32 betas as diffusers builds them (torch.linspace in float32, betas_for_alpha_bar in float64 then cast).
 // `class_name` names the class in errors; only DDPM knows the sigmoid schedule (`allow_sigmoid`).
 at::Tensor make_betas(const SchedulerConfig& config, const std::string& class_name, bool allow_sigmoid = false);

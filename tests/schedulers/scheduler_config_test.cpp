@@ -4,13 +4,13 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <fstream>
-#include <sstream>
 
 #include "core/error.h"
 #include "schedulers/ddim.h"
 #include "schedulers/ddpm.h"
 #include "schedulers/euler.h"
 #include "schedulers/factory.h"
+#include "io/json_config.h"
 #include "test_util.h"
 
 namespace sd::schedulers {
@@ -23,12 +23,7 @@ using sd::test::TempDir;
 std::filesystem::path sd1_config() { return sd::test::fixtures() / "tiny-sd1/scheduler/scheduler_config.json"; }
 std::filesystem::path sd2_config() { return sd::test::fixtures() / "tiny-sd2/scheduler/scheduler_config.json"; }
 
-json read_json(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return parse_python_json(text.str(), path.string());
-}
+json read_json(const std::filesystem::path& path) { return sd::io::JsonConfig::load(path).raw(); }
 
 SchedulerConfig config_of(const json& j) { return SchedulerConfig::from_json(sd::io::JsonConfig(j, "test.json")); }
 

@@ -1,12 +1,11 @@
 // Parity of the six schedulers with diffusers 0.24: the fixtures' step sequences (golden/schedulers/, C5) replayed
 // exactly as the fixtures README describes, the timestep/sigma tables of every spacing, and DDPM's training helpers.
-#include <fstream>
 #include <iostream>
-#include <sstream>
 
 #include "io/safetensors.h"
 #include "schedulers/ddpm.h"
 #include "schedulers/factory.h"
+#include "io/json_config.h"
 #include "test_util.h"
 
 namespace sd::schedulers {
@@ -18,12 +17,7 @@ using sd::test::close_rel_max;
 constexpr double kTol = 1e-4;  // README: scheduler outputs
 
 // The sidecars come from Python's json (lambda_min_clipped is -Infinity).
-json read_json(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return parse_python_json(text.str(), path.string());
-}
+json read_json(const std::filesystem::path& path) { return sd::io::JsonConfig::load(path).raw(); }
 
 struct Golden {
   json meta;
