@@ -74,20 +74,11 @@ at::Tensor read_init_latents(const fs::path& path) {
   return tensors.begin()->second;
 }
 
-io::RgbImage to_rgb(const at::Tensor& pixels) {  // [H, W, 3] uint8
-  const at::Tensor c = pixels.contiguous();
-  io::RgbImage image;
-  image.height = static_cast<int>(c.size(0));
-  image.width = static_cast<int>(c.size(1));
-  image.pixels.assign(c.data_ptr<uint8_t>(), c.data_ptr<uint8_t>() + c.numel());
-  return image;
-}
-
 // rows = prompts, columns = images per prompt.
 io::RgbImage make_grid(const at::Tensor& images, int64_t rows, int64_t cols) {  // [rows*cols, H, W, 3] uint8
   const int64_t h = images.size(1), w = images.size(2);
   at::Tensor grid = images.reshape({rows, cols, h, w, 3}).permute({0, 2, 1, 3, 4}).reshape({rows * h, cols * w, 3});
-  return to_rgb(grid);
+  return pipeline::to_rgb_image(grid);
 }
 
 int run_generate(GenerateOptions o) {
@@ -151,7 +142,7 @@ int run_generate(GenerateOptions o) {
     const int64_t per_prompt = o.num_images_per_prompt;
     for (int64_t k = 0; k < result.images_uint8.size(0); ++k) {
       const fs::path path = out / fmt::format("p{}-s{}-i{}.png", k / per_prompt, result.seeds[k], k % per_prompt);
-      io::save_png(path, to_rgb(result.images_uint8[k]));
+      io::save_png(path, pipeline::to_rgb_image(result.images_uint8[k]));
       written.push_back(path);
     }
     const fs::path grid = out / "grid.png";

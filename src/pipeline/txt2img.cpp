@@ -70,6 +70,13 @@ at::Tensor decode_latents(StableDiffusion& pipe, const at::Tensor& latents) {
 
 at::Tensor to_uint8(const at::Tensor& images) { return (images * 255).round().to(at::kByte); }
 
+io::RgbImage to_rgb_image(const at::Tensor& pixels) {
+  const at::Tensor c = pixels.contiguous();
+  io::RgbImage image{static_cast<int>(c.size(1)), static_cast<int>(c.size(0)), {}};
+  image.pixels.assign(c.data_ptr<uint8_t>(), c.data_ptr<uint8_t>() + c.numel());
+  return image;
+}
+
 Txt2ImgResult txt2img(StableDiffusion& pipe, schedulers::Scheduler& scheduler, const Txt2ImgOptions& o,
                       const Txt2ImgHooks& hooks) {
   SD_CHECK(!o.prompts.empty(), "no prompt given");

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "io/image.h"
 #include "pipeline/stable_diffusion.h"
 #include "schedulers/scheduler.h"
 
@@ -64,6 +65,9 @@ at::Tensor decode_latents(StableDiffusion& pipe, const at::Tensor& latents);
 
 // round(images * 255) as uint8 (numpy_to_pil): images [N, H, W, 3] float in [0, 1].
 at::Tensor to_uint8(const at::Tensor& images);
+
+// One uint8 image [H, W, 3] as an RgbImage (for save_png).
+io::RgbImage to_rgb_image(const at::Tensor& pixels);
 
 // The whole pipeline call. The UNet and VAE run in whatever dtype their weights have (bf16 included); latents,
 // guidance and the scheduler arithmetic stay float32, cast at the UNet/VAE boundary. `scheduler` is reset with

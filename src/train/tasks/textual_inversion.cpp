@@ -322,12 +322,9 @@ void Trainer::run_validation() {
   options.seed = state_.seed;
   options.height = options.width = o_.resolution;
   const at::Tensor images = pipeline::txt2img(*pipe_, *scheduler, options).images_uint8;
-  for (int64_t i = 0; i < images.size(0); ++i) {
-    const at::Tensor hwc = images[i].contiguous();
-    io::RgbImage image{static_cast<int>(hwc.size(1)), static_cast<int>(hwc.size(0)),
-                       std::vector<uint8_t>(hwc.data_ptr<uint8_t>(), hwc.data_ptr<uint8_t>() + hwc.numel())};
-    io::save_png(output_dir_ / "validation" / fmt::format("step-{}-{}.png", state_.global_step, i), image);
-  }
+  for (int64_t i = 0; i < images.size(0); ++i)
+    io::save_png(output_dir_ / "validation" / fmt::format("step-{}-{}.png", state_.global_step, i),
+                 pipeline::to_rgb_image(images[i]));
 }
 
 void Trainer::save_full_pipeline() {
