@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <random>
@@ -31,6 +32,15 @@ CommandResult run_command(const std::string& command) {
   int status = pclose(pipe);
   int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return {code, output};
+}
+
+::testing::AssertionResult is_one_line_error(const CommandResult& result, const std::string& fragment) {
+  auto failure = [&](const std::string& why) { return ::testing::AssertionFailure() << why << ":\n" << result.output; };
+  if (result.exit_code == 0) return failure("exit code 0");
+  if (std::count(result.output.begin(), result.output.end(), '\n') != 1) return failure("not exactly one line");
+  if (result.output.rfind("sdtrain: error: ", 0) != 0) return failure("no 'sdtrain: error: ' prefix");
+  if (result.output.find(fragment) == std::string::npos) return failure("no '" + fragment + "'");
+  return ::testing::AssertionSuccess();
 }
 
 }  // namespace sd::test

@@ -43,4 +43,7 @@ struct CommandResult {
 };
 CommandResult run_command(const std::string& command);
 
+// How sdtrain reports bad input: a non-zero exit and exactly one line, "sdtrain: error: ...", containing `fragment`.
+::testing::AssertionResult is_one_line_error(const CommandResult& result, const std::string& fragment);
+
 }  // namespace sd::test

@@ -149,12 +149,7 @@ TEST(Generate, EmbeddingsAreUsedByPrompts) {
 
 // Every bad input: a non-zero exit and exactly one line saying what is wrong.
 void expect_one_line_error(const std::string& args, const std::string& needle) {
-  auto r = generate(args);
-  EXPECT_NE(r.exit_code, 0) << args;
-  const auto lines = lines_of(r.output);
-  ASSERT_EQ(lines.size(), 1u) << r.output;
-  EXPECT_EQ(lines[0].rfind("sdtrain: error: ", 0), 0u) << lines[0];
-  EXPECT_NE(lines[0].find(needle), std::string::npos) << "expected '" << needle << "' in: " << lines[0];
+  EXPECT_TRUE(sd::test::is_one_line_error(generate(args), needle)) << args;
 }
 
 TEST(Generate, BadInputGetsOneClearLine) {
