@@ -1,5 +1,7 @@
 #include "test_util.h"
 
+#include "io/image.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,6 +21,13 @@ TempDir::TempDir() {
 TempDir::~TempDir() {
   std::error_code ignored;
   std::filesystem::remove_all(path_, ignored);
+}
+
+void write_pattern_png(const std::filesystem::path& path, int width, int height, int stride) {
+  io::RgbImage image{width, height, std::vector<uint8_t>(static_cast<size_t>(width) * height * 3)};
+  for (size_t k = 0; k < image.pixels.size(); ++k) image.pixels[k] = static_cast<uint8_t>((k * stride) % 251);
+  std::filesystem::create_directories(path.parent_path());
+  io::save_png(path, image);
 }
 
 CommandResult run_command(const std::string& command) {

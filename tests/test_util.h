@@ -25,6 +25,9 @@ inline ::testing::AssertionResult close_rel_max(const at::Tensor& actual, const 
                                        << " (ratio " << err / ref << ")";
 }
 
+// A width x height PNG of a striped pattern (pixel byte k = k * stride mod 251), as training images for tests.
+void write_pattern_png(const std::filesystem::path& path, int width, int height, int stride);
+
 // A fresh empty directory under the system temp dir, removed when the object dies.
 class TempDir {
  public:

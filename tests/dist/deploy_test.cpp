@@ -5,7 +5,6 @@
 #include <regex>
 
 #include "io/atomic_file.h"
-#include "io/image.h"
 #include "process_util.h"
 #include "test_util.h"
 
@@ -22,10 +21,7 @@ class Deploy : public ::testing::Test {
   void SetUp() override {
     auto r = sd::test::run_process({sd::test::sdtrain_binary(), "init", "--preset", "tiny", "--out", model().string()}, 60s);
     ASSERT_EQ(r.exit_code, 0) << r.output;
-    fs::create_directories(data());
-    io::RgbImage image{40, 40, std::vector<uint8_t>(40 * 40 * 3)};
-    for (size_t p = 0; p < image.pixels.size(); ++p) image.pixels[p] = static_cast<uint8_t>(p % 199);
-    io::save_png(data() / "a.png", image);
+    sd::test::write_pattern_png(data() / "a.png", 40, 40, 1);
     std::ofstream(hosts()) << "localhost\n";
   }
   fs::path model() const { return dir_.path() / "model"; }

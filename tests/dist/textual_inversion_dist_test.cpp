@@ -4,7 +4,6 @@
 #include <fstream>
 #include <thread>
 
-#include "io/image.h"
 #include "io/safetensors.h"
 #include "process_util.h"
 #include "test_util.h"
@@ -22,13 +21,8 @@ class TextualInversionDist : public ::testing::Test {
                                     (dir_.path() / "model").string()},
                                    60s);
     ASSERT_EQ(r.exit_code, 0) << r.output;
-    fs::create_directories(dir_.path() / "images");
-    for (int i = 0; i < 2; ++i) {
-      io::RgbImage image{48, 40 + 8 * i, {}};
-      image.pixels.resize(static_cast<size_t>(image.width) * image.height * 3);
-      for (size_t p = 0; p < image.pixels.size(); ++p) image.pixels[p] = static_cast<uint8_t>((p * (5 + i)) % 253);
-      io::save_png(dir_.path() / "images" / ("img" + std::to_string(i) + ".png"), image);
-    }
+    for (int i = 0; i < 2; ++i)
+      sd::test::write_pattern_png(dir_.path() / "images" / ("img" + std::to_string(i) + ".png"), 48, 40 + 8 * i, 5 + i);
   }
 
   // The seed deployment's textual_inversion.py flags on the tiny model.

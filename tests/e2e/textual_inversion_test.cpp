@@ -24,13 +24,8 @@ class TextualInversionE2E : public ::testing::Test {
     dir_ = new sd::test::TempDir();
     auto r = run_command(sdtrain("init --preset tiny --seed 5 --out " + model().string()));
     ASSERT_EQ(r.exit_code, 0) << r.output;
-    fs::create_directories(images());
-    for (int i = 0; i < 3; ++i) {
-      io::RgbImage image{70 + 10 * i, 60, {}};
-      image.pixels.resize(static_cast<size_t>(image.width) * image.height * 3);
-      for (size_t p = 0; p < image.pixels.size(); ++p) image.pixels[p] = static_cast<uint8_t>((p * (7 + i)) % 251);
-      io::save_png(images() / ("img" + std::to_string(i) + ".png"), image);
-    }
+    for (int i = 0; i < 3; ++i)
+      sd::test::write_pattern_png(images() / ("img" + std::to_string(i) + ".png"), 70 + 10 * i, 60, 7 + i);
   }
   static void TearDownTestSuite() { delete dir_; }
   static fs::path model() { return dir_->path() / "model"; }
