@@ -29,9 +29,9 @@ double seconds_since(Clock::time_point start) { return std::chrono::duration<dou
 
 // runwayml/stable-diffusion-v1-5 scheduler/scheduler_config.json.
 sd::schedulers::SchedulerConfig sd15_scheduler_config() {
-  nlohmann::json j = {{"_class_name", "PNDMScheduler"}, {"beta_start", 0.00085},  {"beta_end", 0.012},
+  nlohmann::json j = {{"_class_name", "PNDMScheduler"},   {"beta_start", 0.00085},       {"beta_end", 0.012},
                       {"beta_schedule", "scaled_linear"}, {"num_train_timesteps", 1000}, {"set_alpha_to_one", false},
-                      {"skip_prk_steps", true},           {"steps_offset", 1},         {"clip_sample", false}};
+                      {"skip_prk_steps", true},           {"steps_offset", 1},           {"clip_sample", false}};
   return sd::schedulers::SchedulerConfig::from_json(sd::io::JsonConfig(j, "sd15 scheduler_config"));
 }
 
@@ -48,8 +48,12 @@ sd::text::ClipTokenizer builtin_tokenizer() {
 int run_case(const std::string& dtype_name, int64_t size) {
   const at::ScalarType dtype = dtype_name == "bf16" ? at::kBFloat16 : at::kFloat;
   const auto build_start = Clock::now();
-  sd::pipeline::StableDiffusion pipe{sd::pipeline::model_index_json("PNDMScheduler"), builtin_tokenizer(),
-                                     nullptr, nullptr, nullptr, sd15_scheduler_config()};
+  sd::pipeline::StableDiffusion pipe{sd::pipeline::model_index_json("PNDMScheduler"),
+                                     builtin_tokenizer(),
+                                     nullptr,
+                                     nullptr,
+                                     nullptr,
+                                     sd15_scheduler_config()};
   {
     at::NoGradGuard no_grad;  // random init without autograd bookkeeping
     pipe.text_encoder = sd::models::ClipTextModel(sd::models::ClipTextConfig::sd15());

@@ -37,13 +37,21 @@ int main(int argc, char** argv) {
     const fs::path model = work / preset;
     if (!sd::bench::ensure_preset(sdtrain, model, preset)) return 1;
     auto train = [&](const fs::path& out, int threads) {
-      return std::vector<std::string>{
-          "textual-inversion", "--pretrained_model_name_or_path=" + model.string(),
-          "--train_data_dir=" + (work / "images").string(), "--placeholder_token=<bench>", "--initializer_token=toy",
-          "--resolution=" + resolution, "--train_batch_size=1", "--seed=1", "--learning_rate=5e-4",
-          "--max_train_steps=" + std::to_string(warmup + measured), "--mixed_precision=" + precision,
-          "--threads=" + std::to_string(threads), "--checkpointing_steps=100000", "--save_steps=100000",
-          "--output_dir=" + out.string()};
+      return std::vector<std::string>{"textual-inversion",
+                                      "--pretrained_model_name_or_path=" + model.string(),
+                                      "--train_data_dir=" + (work / "images").string(),
+                                      "--placeholder_token=<bench>",
+                                      "--initializer_token=toy",
+                                      "--resolution=" + resolution,
+                                      "--train_batch_size=1",
+                                      "--seed=1",
+                                      "--learning_rate=5e-4",
+                                      "--max_train_steps=" + std::to_string(warmup + measured),
+                                      "--mixed_precision=" + precision,
+                                      "--threads=" + std::to_string(threads),
+                                      "--checkpointing_steps=100000",
+                                      "--save_steps=100000",
+                                      "--output_dir=" + out.string()};
     };
     // One rank with all threads, accumulating `ranks` micro-batches of 1: the same global batch as `ranks` ranks.
     const fs::path single_out = work / ("scaling-" + name + "-1rank");
@@ -66,10 +74,17 @@ int main(int argc, char** argv) {
                              {"resolution", std::stoi(resolution)},
                              {"mixed_precision", precision},
                              {"global_batch", ranks},
-                             {"one_rank", {{"threads", ranks}, {"median_step_s", single_step},
-                                           {"images_per_s", ranks / single_step}, {"exit_code", single_run.exit_code}}},
-                             {"ranks", {{"ranks", ranks}, {"threads_per_rank", 1}, {"median_step_s", multi_step},
-                                        {"images_per_s", ranks / multi_step}, {"exit_code", multi_run.exit_code}}},
+                             {"one_rank",
+                              {{"threads", ranks},
+                               {"median_step_s", single_step},
+                               {"images_per_s", ranks / single_step},
+                               {"exit_code", single_run.exit_code}}},
+                             {"ranks",
+                              {{"ranks", ranks},
+                               {"threads_per_rank", 1},
+                               {"median_step_s", multi_step},
+                               {"images_per_s", ranks / multi_step},
+                               {"exit_code", multi_run.exit_code}}},
                              {"scaling_efficiency", single_step / multi_step}};
     std::printf("%s\n", result.dump().c_str());
     std::fflush(stdout);

@@ -18,7 +18,6 @@
 
 namespace fs = std::filesystem;
 
-
 int main(int argc, char** argv) {
   std::string cases = "tiny,sd15-256";
   std::string threads = std::to_string(std::thread::hardware_concurrency());
@@ -46,12 +45,13 @@ int main(int argc, char** argv) {
     for (const std::string precision : {"no", "bf16"}) {
       const fs::path out = work / ("out-" + name + "-" + precision);
       fs::remove_all(out);
-      sd::bench::ChildRun r = sd::bench::run_child({sdtrain, "textual-inversion", "--pretrained_model_name_or_path=" + model.string(),
-                   "--train_data_dir=" + (work / "images").string(), "--placeholder_token=<bench>",
-                   "--initializer_token=toy", "--resolution=" + resolution, "--train_batch_size=" + batch,
-                   "--max_train_steps=" + std::to_string(warmup + measured), "--learning_rate=5e-4", "--seed=1",
-                   "--mixed_precision=" + precision, "--threads=" + threads, "--checkpointing_steps=100000",
-                   "--save_steps=100000", "--output_dir=" + out.string()});
+      sd::bench::ChildRun r =
+          sd::bench::run_child({sdtrain, "textual-inversion", "--pretrained_model_name_or_path=" + model.string(),
+                                "--train_data_dir=" + (work / "images").string(), "--placeholder_token=<bench>",
+                                "--initializer_token=toy", "--resolution=" + resolution, "--train_batch_size=" + batch,
+                                "--max_train_steps=" + std::to_string(warmup + measured), "--learning_rate=5e-4",
+                                "--seed=1", "--mixed_precision=" + precision, "--threads=" + threads,
+                                "--checkpointing_steps=100000", "--save_steps=100000", "--output_dir=" + out.string()});
       const std::vector<double> kept = sd::bench::step_times(out / "logs" / "metrics.jsonl", warmup);
       const double median = sd::bench::median(kept);
       nlohmann::json result = {{"bench", "textual_inversion_step"},

@@ -35,7 +35,10 @@ int main(int argc, char** argv) {
     at::Tensor timestep = at::full({1}, 500, at::kLong);
     at::Tensor context = at::randn({1, 77, 768}).to(opts);
     auto timing = sd::bench::time_it([&] { unet->forward(sample, timestep, context); }, 1, repeats);
-    nlohmann::json out = {{"bench", "unet_forward"}, {"model", "sd15"}, {"latent", "64x64"}, {"batch", 1},
+    nlohmann::json out = {{"bench", "unet_forward"},
+                          {"model", "sd15"},
+                          {"latent", "64x64"},
+                          {"batch", 1},
                           {"dtype", dtype == at::kFloat ? "float32" : "bfloat16"},
                           {"peak_rss_gib", sd::bench::peak_rss_bytes() / double(1 << 30)}};
     out.update(sd::bench::timing_json(timing));

@@ -54,8 +54,7 @@ inline Timing time_it(const std::function<void()>& fn, int warmup, int repeats) 
 }
 
 inline nlohmann::json timing_json(const Timing& t) {
-  return {{"median_s", t.median_s}, {"min_s", t.min_s}, {"samples_s", t.samples_s},
-          {"threads", at::get_num_threads()}};
+  return {{"median_s", t.median_s}, {"min_s", t.min_s}, {"samples_s", t.samples_s}, {"threads", at::get_num_threads()}};
 }
 
 // A benchmarked command run in its own process: its exit code and its peak resident memory (from wait4).

@@ -24,7 +24,7 @@ class Process {
   // Waits until the process ends or `deadline` (from now) passes; then kills its group and returns false.
   bool wait(std::chrono::milliseconds deadline);
   bool running();
-  void signal(int sig);       // to the process only
+  void signal(int sig);        // to the process only
   void signal_group(int sig);  // to its process group
   // Exit code, or 128 + signal number; -1 while running.
   int exit_code() const { return exit_code_; }

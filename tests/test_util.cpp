@@ -13,8 +13,8 @@ namespace sd::test {
 
 TempDir::TempDir() {
   std::random_device rd;
-  path_ = std::filesystem::temp_directory_path() / ("sdtrain-test-" + std::to_string(getpid()) + "-" +
-                                                     std::to_string(rd()));
+  path_ = std::filesystem::temp_directory_path() /
+          ("sdtrain-test-" + std::to_string(getpid()) + "-" + std::to_string(rd()));
   std::filesystem::create_directories(path_);
 }
 

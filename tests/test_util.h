@@ -21,8 +21,8 @@ inline ::testing::AssertionResult close_rel_max(const at::Tensor& actual, const 
   double err = (a - e).abs().max().item<double>();
   double ref = e.abs().max().item<double>();
   if (err <= tol * ref) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "max|err| " << err << " > " << tol << " * max|ref| " << ref
-                                       << " (ratio " << err / ref << ")";
+  return ::testing::AssertionFailure() << "max|err| " << err << " > " << tol << " * max|ref| " << ref << " (ratio "
+                                       << err / ref << ")";
 }
 
 // A width x height PNG of a striped pattern (pixel byte k = k * stride mod 251), as training images for tests.

@@ -18,7 +18,7 @@ struct InitOptions {
 };
 
 int run_init(const InitOptions& o) {
-  const at::ScalarType dtype = o.save_dtype == "float16" ? at::kHalf
+  const at::ScalarType dtype = o.save_dtype == "float16"    ? at::kHalf
                                : o.save_dtype == "bfloat16" ? at::kBFloat16
                                                             : at::kFloat;
   pipeline::write_preset(o.preset, o.seed, o.out, dtype);

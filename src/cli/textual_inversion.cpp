@@ -11,7 +11,8 @@ void add_textual_inversion(CLI::App& app, std::function<int()>& chosen) {
   auto o = std::make_shared<train::TextualInversionOptions>();
 
   flag(cmd, "--pretrained_model_name_or_path", o->pretrained_model_name_or_path,
-       "Pipeline folder in the diffusers layout")->required();
+       "Pipeline folder in the diffusers layout")
+      ->required();
   flag(cmd, "--tokenizer_name", o->tokenizer_name, "Tokenizer folder, if not the pipeline's tokenizer/");
   flag(cmd, "--train_data_dir", o->train_data_dir, "Folder of training images (jpg, jpeg, png, bmp)")->required();
   flag(cmd, "--learnable_property", o->learnable_property, "What the token learns: object or style")
@@ -25,7 +26,8 @@ void add_textual_inversion(CLI::App& app, std::function<int()>& chosen) {
   switch_flag(cmd, "--center_crop", o->center_crop, "Center-crop images to a square before resizing");
   flag(cmd, "--train_batch_size", o->train_batch_size, "Images per rank per micro-batch")->check(CLI::PositiveNumber);
   flag(cmd, "--num_train_epochs", o->num_train_epochs, "Epochs, used when --max_train_steps is not given");
-  flag(cmd, "--max_train_steps", o->max_train_steps, "Optimizer steps (default 5000, as the reference); overrides --num_train_epochs")
+  flag(cmd, "--max_train_steps", o->max_train_steps,
+       "Optimizer steps (default 5000, as the reference); overrides --num_train_epochs")
       ->check(CLI::PositiveNumber);
   flag(cmd, "--gradient_accumulation_steps", o->gradient_accumulation_steps, "Micro-batches per optimizer step")
       ->check(CLI::PositiveNumber);
@@ -35,8 +37,8 @@ void add_textual_inversion(CLI::App& app, std::function<int()>& chosen) {
   switch_flag(cmd, "--scale_lr", o->scale_lr,
               "Multiply the learning rate by accumulation steps x batch size x world size");
   flag(cmd, "--lr_scheduler", o->lr_scheduler, "LR schedule")
-      ->check(CLI::IsMember({"linear", "cosine", "cosine_with_restarts", "polynomial", "constant",
-                             "constant_with_warmup"}));
+      ->check(CLI::IsMember(
+          {"linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup"}));
   flag(cmd, "--lr_warmup_steps", o->lr_warmup_steps, "Warmup steps of the LR schedule");
   flag(cmd, "--lr_num_cycles", o->lr_num_cycles, "Hard restarts of cosine_with_restarts");
   flag(cmd, "--adam_beta1", o->adam_beta1, "AdamW beta1");

@@ -34,7 +34,8 @@ void add_tokenize(CLI::App& app, std::function<int()>& chosen) {
   auto* cmd = app.add_subcommand("tokenize", "Print the padded input ids of prompts as JSON, one array per line");
   auto o = std::make_shared<TokenizeOptions>();
   flag(cmd, "--model", o->model, "Pipeline folder (or its tokenizer/ folder)")->required();
-  repeated_flag(cmd, "--add-token", o->added_tokens, "Add a token before tokenizing, as textual inversion does (repeatable)");
+  repeated_flag(cmd, "--add-token", o->added_tokens,
+                "Add a token before tokenizing, as textual inversion does (repeatable)");
   cmd->add_option("prompts", o->prompts, "Prompts to tokenize")->required();
   cmd->callback([o, &chosen] { chosen = [o] { return run_tokenize(*o); }; });
 }

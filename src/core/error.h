@@ -21,9 +21,9 @@ template <typename... Args>
 }  // namespace sd
 
 // SD_CHECK(cond, "message {}", arg): a user-facing check that throws sd::Error when cond is false.
-#define SD_CHECK(cond, ...)   \
-  do {                        \
-    if (!(cond)) {            \
+#define SD_CHECK(cond, ...)    \
+  do {                         \
+    if (!(cond)) {             \
       ::sd::fail(__VA_ARGS__); \
-    }                         \
+    }                          \
   } while (0)

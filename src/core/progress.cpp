@@ -8,7 +8,10 @@
 namespace sd {
 
 ProgressBar::ProgressBar(std::string label, int64_t total, int64_t start)
-    : label_(std::move(label)), total_(total), start_(start), enabled_(isatty(STDERR_FILENO) != 0),
+    : label_(std::move(label)),
+      total_(total),
+      start_(start),
+      enabled_(isatty(STDERR_FILENO) != 0),
       began_(std::chrono::steady_clock::now()) {}
 
 ProgressBar::~ProgressBar() { finish(); }

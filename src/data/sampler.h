@@ -9,8 +9,8 @@
 namespace sd::data {
 
 struct BatchLayout {
-  int64_t batch = 1;           // per rank, per micro-batch
-  int64_t accumulation = 1;    // micro-batches per optimizer step
+  int64_t batch = 1;         // per rank, per micro-batch
+  int64_t accumulation = 1;  // micro-batches per optimizer step
   int64_t world = 1;
   int64_t global() const { return batch * accumulation * world; }
 };

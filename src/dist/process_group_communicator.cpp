@@ -53,7 +53,8 @@ void debug(fmt::format_string<Args...> format, Args&&... args) {
   if (!debug_enabled()) return;
   static const auto start = Clock::now();
   double t = std::chrono::duration<double>(Clock::now() - start).count();
-  std::string line = fmt::format("[sdtrain dist {:.3f}s] ", t) + fmt::format(format, std::forward<Args>(args)...) + "\n";
+  std::string line =
+      fmt::format("[sdtrain dist {:.3f}s] ", t) + fmt::format(format, std::forward<Args>(args)...) + "\n";
   std::fputs(line.c_str(), stderr);
 }
 
@@ -135,10 +136,12 @@ std::optional<std::string> local_address_towards(const std::string& host, int po
     // Connecting a UDP socket sends nothing; it only picks the route and thus the source address.
     sockaddr_storage local{};
     socklen_t len = sizeof local;
-    if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 && getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
+    if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
+        getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
       char buf[INET6_ADDRSTRLEN] = {};
-      const void* addr = local.ss_family == AF_INET ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr)
-                                                    : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr);
+      const void* addr = local.ss_family == AF_INET
+                             ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr)
+                             : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr);
       if (inet_ntop(local.ss_family, addr, buf, sizeof buf)) result = std::string(buf);
     }
     close(fd);
@@ -162,10 +165,9 @@ std::vector<std::string> split_commas(const std::string& s) {
 
 // The one place that names a backend. A CUDA build adds:
 //   if (backend == "nccl") return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, nccl_options);
-c10::intrusive_ptr<c10d::ProcessGroup> make_process_group(const std::string& backend,
-                                                          const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                                                          int size, milliseconds timeout,
-                                                          std::vector<std::shared_ptr<::gloo::transport::Device>> devices) {
+c10::intrusive_ptr<c10d::ProcessGroup> make_process_group(
+    const std::string& backend, const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, milliseconds timeout,
+    std::vector<std::shared_ptr<::gloo::transport::Device>> devices) {
   if (backend == "gloo") {
     auto options = c10d::ProcessGroupGloo::Options::create(timeout);
     options->devices = std::move(devices);
@@ -310,7 +312,8 @@ class ProcessGroupCommunicator : public Communicator {
 
   std::string op_name(int64_t seq) {
     std::lock_guard<std::mutex> lock(ops_mutex_);
-    const char* name = issued_ - seq < static_cast<int64_t>(op_names_.size()) ? op_names_[seq % op_names_.size()] : nullptr;
+    const char* name =
+        issued_ - seq < static_cast<int64_t>(op_names_.size()) ? op_names_[seq % op_names_.size()] : nullptr;
     return fmt::format("{} #{}", name ? name : "collective", seq);
   }
 
@@ -346,12 +349,14 @@ class ProcessGroupCommunicator : public Communicator {
     } catch (const std::exception& e) {
       std::string cause = first_line(e);
       if (env_.rank == 0)
-        fail("rank 0 could not host the rendezvous store on {}:{}: {} (another job on MASTER_PORT? set MASTER_PORT "
-             "to a free port)",
-             env_.master_addr, env_.master_port, cause);
-      fail("rank {} could not reach the master at {}:{} within {}: check MASTER_ADDR/MASTER_PORT, that rank 0 is "
-           "running and that this machine can reach it ({})",
-           env_.rank, env_.master_addr, env_.master_port, seconds_text(opts_.timeout), cause);
+        fail(
+            "rank 0 could not host the rendezvous store on {}:{}: {} (another job on MASTER_PORT? set MASTER_PORT "
+            "to a free port)",
+            env_.master_addr, env_.master_port, cause);
+      fail(
+          "rank {} could not reach the master at {}:{} within {}: check MASTER_ADDR/MASTER_PORT, that rank 0 is "
+          "running and that this machine can reach it ({})",
+          env_.rank, env_.master_addr, env_.master_port, seconds_text(opts_.timeout), cause);
     }
   }
 
@@ -361,9 +366,10 @@ class ProcessGroupCommunicator : public Communicator {
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {
-      fail("rank {} lost the connection to the master store at {}:{} while the ranks were joining (did rank 0 exit? "
-           "see its message): {}",
-           env_.rank, env_.master_addr, env_.master_port, first_line(e));
+      fail(
+          "rank {} lost the connection to the master store at {}:{} while the ranks were joining (did rank 0 exit? "
+          "see its message): {}",
+          env_.rank, env_.master_addr, env_.master_port, first_line(e));
     }
   }
 
@@ -395,10 +401,11 @@ class ProcessGroupCommunicator : public Communicator {
       missing = std::move(still);
       if (missing.empty()) return;
       if (Clock::now() > deadline)
-        fail("{} did not join within {}: check that {} started with MASTER_ADDR={} MASTER_PORT={} and world size {}, "
-             "and can reach that address (firewall, --dist_iface)",
-             rank_list(missing), seconds_text(opts_.timeout), missing.size() == 1 ? "it was" : "they were",
-             env_.master_addr, env_.master_port, env_.world_size);
+        fail(
+            "{} did not join within {}: check that {} started with MASTER_ADDR={} MASTER_PORT={} and world size {}, "
+            "and can reach that address (firewall, --dist_iface)",
+            rank_list(missing), seconds_text(opts_.timeout), missing.size() == 1 ? "it was" : "they were",
+            env_.master_addr, env_.master_port, env_.world_size);
       std::this_thread::sleep_for(milliseconds(50));
     }
   }
@@ -511,7 +518,8 @@ class ProcessGroupCommunicator : public Communicator {
       read_all(true);
       if (auto f = published_fault()) return *f;
       auto announced_error = [&] {
-        return std::any_of(exits.begin(), exits.end(), [](const std::string& e) { return !e.empty() && e != "finished"; });
+        return std::any_of(exits.begin(), exits.end(),
+                           [](const std::string& e) { return !e.empty() && e != "finished"; });
       };
       // A stopped heartbeat only shows over time; a rank that announced its failing exit needs no wait.
       auto deadline = Clock::now() + window_;
@@ -519,7 +527,8 @@ class ProcessGroupCommunicator : public Communicator {
         std::this_thread::sleep_for(interval_ / 2);
         if (auto f = published_fault()) return *f;
         for (int r = 0; r < world; ++r)
-          if (r != env_.rank && exits[r].empty() && store_->check({exit_key(r)})) exits[r] = text(store_->get(exit_key(r)));
+          if (r != env_.rank && exits[r].empty() && store_->check({exit_key(r)}))
+            exits[r] = text(store_->get(exit_key(r)));
       }
       // Whoever concluded first also announced its exit only after publishing: prefer its conclusion.
       if (auto f = published_fault()) return *f;
@@ -538,13 +547,14 @@ class ProcessGroupCommunicator : public Communicator {
         message = fmt::format("{} exited with an error during {} (see {} own message)", rank_list(exited_err), op,
                               exited_err.size() == 1 ? "its" : "their");
       } else if (!silent.empty()) {
-        std::string how = looks_like_closed(cause) ? "connection closed"
-                                                   : fmt::format("no heartbeat for {}", seconds_text(window_));
+        std::string how =
+            looks_like_closed(cause) ? "connection closed" : fmt::format("no heartbeat for {}", seconds_text(window_));
         message = fmt::format("{} lost ({}) during {}", rank_list(silent), how, op);
       } else if (!exited_ok.empty()) {
-        message = fmt::format("{} already finished and exited before {}: the ranks ran different numbers of "
-                              "collectives",
-                              rank_list(exited_ok), op);
+        message = fmt::format(
+            "{} already finished and exited before {}: the ranks ran different numbers of "
+            "collectives",
+            rank_list(exited_ok), op);
       } else if (!behind.empty()) {
         // Ranks waiting for a stuck rank fall behind too (a broadcast root waits for its receivers): blame the
         // rank(s) furthest behind, at the collective they never reached.
@@ -553,12 +563,14 @@ class ProcessGroupCommunicator : public Communicator {
         std::vector<int> stuck;
         for (int r : behind)
           if (issued[r] == least) stuck.push_back(r);
-        message = fmt::format("{} did not reach {} within {} (alive but not calling it: stuck, or running a different "
-                              "sequence of collectives)",
-                              rank_list(stuck), op_name(least + 1), seconds_text(opts_.timeout));
+        message = fmt::format(
+            "{} did not reach {} within {} (alive but not calling it: stuck, or running a different "
+            "sequence of collectives)",
+            rank_list(stuck), op_name(least + 1), seconds_text(opts_.timeout));
       } else {
-        message = fmt::format("{} failed on rank {} and no other rank looks lost or late: {}{}", op, env_.rank, cause,
-                              timed_out ? " (data-plane network blocked? check --dist_iface / GLOO_SOCKET_IFNAME)" : "");
+        message =
+            fmt::format("{} failed on rank {} and no other rank looks lost or late: {}{}", op, env_.rank, cause,
+                        timed_out ? " (data-plane network blocked? check --dist_iface / GLOO_SOCKET_IFNAME)" : "");
       }
       message += fmt::format(" [seen by rank {}]", env_.rank);
       // The first conclusion wins, so that all ranks print the same line.

@@ -67,7 +67,8 @@ std::vector<std::string> split_top_level(const std::string& text, const std::str
 }
 
 // "01-03,07" -> 01 02 03 07, keeping the zero padding of each range's lower bound.
-std::vector<std::string> expand_range_list(const std::string& ranges, const std::string& what, const std::string& list) {
+std::vector<std::string> expand_range_list(const std::string& ranges, const std::string& what,
+                                           const std::string& list) {
   std::vector<std::string> out;
   size_t start = 0;
   while (start <= ranges.size()) {
@@ -80,8 +81,8 @@ std::vector<std::string> expand_range_list(const std::string& ranges, const std:
     auto is_number = [](const std::string& s) {
       return !s.empty() && s.size() <= 9 && s.find_first_not_of("0123456789") == std::string::npos;
     };
-    SD_CHECK(is_number(lo_text) && is_number(hi_text), "{}='{}': '{}' is not a number or range like 01-04", what,
-             list, item);
+    SD_CHECK(is_number(lo_text) && is_number(hi_text), "{}='{}': '{}' is not a number or range like 01-04", what, list,
+             item);
     long lo = std::stol(lo_text), hi = std::stol(hi_text);
     SD_CHECK(lo <= hi, "{}='{}': range '{}' goes backwards", what, list, item);
     SD_CHECK(hi - lo < 100000, "{}='{}': range '{}' is implausibly large", what, list, item);
@@ -119,9 +120,10 @@ std::string master_address(const Env& env, const DistEnv& d, const std::optional
   if (auto addr = lookup(env, "MASTER_ADDR")) return *addr;
   if (from_launcher) return *from_launcher;
   if (d.single_node()) return "127.0.0.1";
-  fail("ranks span machines ({} ranks, {} on this one) and the master address is unknown: export MASTER_ADDR=<host of "
-       "rank 0> (and optionally MASTER_PORT) to every rank{}",
-       d.world_size, d.local_world_size, how_to_pass);
+  fail(
+      "ranks span machines ({} ranks, {} on this one) and the master address is unknown: export MASTER_ADDR=<host of "
+      "rank 0> (and optionally MASTER_PORT) to every rank{}",
+      d.world_size, d.local_world_size, how_to_pass);
 }
 
 void validate(const DistEnv& d, const std::string& names) {
@@ -202,8 +204,8 @@ DistEnv detect_dist_env(const Env& env) {
     d.local_world_size = get_optional_int(env, "MPI_LOCALNRANKS", 1).value_or(1);
     d.launcher = "hydra";
     validate(d, "PMI_RANK/PMI_SIZE/MPI_LOCALRANKID/MPI_LOCALNRANKS");
-    d.master_addr = master_address(env, d, std::nullopt,
-                                   " (Hydra: mpirun -genv MASTER_ADDR <host> ..., Intel MPI also -genv I_MPI_HYDRA_IFACE)");
+    d.master_addr = master_address(
+        env, d, std::nullopt, " (Hydra: mpirun -genv MASTER_ADDR <host> ..., Intel MPI also -genv I_MPI_HYDRA_IFACE)");
     return d;
   }
 

@@ -10,8 +10,8 @@ namespace sd::dist {
 struct DistEnv {
   int rank = 0;
   int world_size = 1;
-  int local_rank = 0;        // index among the ranks on this machine
-  int local_world_size = 1;  // ranks on this machine
+  int local_rank = 0;                     // index among the ranks on this machine
+  int local_world_size = 1;               // ranks on this machine
   std::string master_addr = "127.0.0.1";  // host of rank 0, where the rendezvous store listens
   int master_port = 29500;
   // "single", "openmpi", "hydra", "slurm", "torchrun", "sdtrain-launch" or "env" (RANK/WORLD_SIZE set by
@@ -40,7 +40,8 @@ std::map<std::string, std::string> current_environment();
 std::vector<std::string> expand_slurm_nodelist(const std::string& list, const std::string& what = "SLURM_JOB_NODELIST");
 
 // Slurm's per-node task counts: "2(x3),1" -> 2 2 2 1.
-std::vector<int> expand_slurm_tasks_per_node(const std::string& list, const std::string& what = "SLURM_STEP_TASKS_PER_NODE");
+std::vector<int> expand_slurm_tasks_per_node(const std::string& list,
+                                             const std::string& what = "SLURM_STEP_TASKS_PER_NODE");
 
 // One line for logs: "rank 1/4 (local 1/2) via openmpi, master 10.0.0.1:29500".
 std::string describe(const DistEnv& env);

@@ -29,8 +29,7 @@ RgbImage center_crop_square(const RgbImage& image) {
   const int top = (image.height - side) / 2;
   const int left = (image.width - side) / 2;
   RgbImage out{side, side, std::vector<uint8_t>(static_cast<size_t>(side) * side * 3)};
-  for (int y = 0; y < side; ++y)
-    std::copy_n(image.row(top + y) + left * 3, side * 3, out.row(y));
+  for (int y = 0; y < side; ++y) std::copy_n(image.row(top + y) + left * 3, side * 3, out.row(y));
   return out;
 }
 
@@ -129,8 +128,7 @@ RgbImage resize_bicubic(const RgbImage& image, int width, int height) {
 RgbImage flip_horizontal(const RgbImage& image) {
   RgbImage out = image;
   for (int y = 0; y < image.height; ++y)
-    for (int x = 0; x < image.width; ++x)
-      std::copy_n(image.row(y) + (image.width - 1 - x) * 3, 3, out.row(y) + x * 3);
+    for (int x = 0; x < image.width; ++x) std::copy_n(image.row(y) + (image.width - 1 - x) * 3, 3, out.row(y) + x * 3);
   return out;
 }
 

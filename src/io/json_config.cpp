@@ -115,7 +115,7 @@ std::vector<int64_t> JsonConfig::convert<std::vector<int64_t>>(const std::string
 
 template <>
 std::vector<std::string> JsonConfig::convert<std::vector<std::string>>(const std::string& key,
-                                                                      const json& value) const {
+                                                                       const json& value) const {
   if (!value.is_array()) fail_key(key, "a list of strings");
   std::vector<std::string> out;
   for (const auto& v : value) {

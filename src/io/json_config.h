@@ -64,9 +64,9 @@ template <>
 std::string JsonConfig::convert<std::string>(const std::string& key, const nlohmann::json& value) const;
 template <>
 std::vector<int64_t> JsonConfig::convert<std::vector<int64_t>>(const std::string& key,
-                                                              const nlohmann::json& value) const;
+                                                               const nlohmann::json& value) const;
 template <>
 std::vector<std::string> JsonConfig::convert<std::vector<std::string>>(const std::string& key,
-                                                                      const nlohmann::json& value) const;
+                                                                       const nlohmann::json& value) const;
 
 }  // namespace sd::io

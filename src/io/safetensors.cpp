@@ -25,9 +25,8 @@ constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 
 const std::vector<std::pair<std::string, at::ScalarType>>& dtype_table() {
   static const std::vector<std::pair<std::string, at::ScalarType>> table = {
-      {"F64", at::kDouble}, {"F32", at::kFloat}, {"F16", at::kHalf}, {"BF16", at::kBFloat16},
-      {"I64", at::kLong},   {"I32", at::kInt},   {"I16", at::kShort}, {"I8", at::kChar},
-      {"U8", at::kByte},    {"BOOL", at::kBool}};
+      {"F64", at::kDouble}, {"F32", at::kFloat}, {"F16", at::kHalf}, {"BF16", at::kBFloat16}, {"I64", at::kLong},
+      {"I32", at::kInt},    {"I16", at::kShort}, {"I8", at::kChar},  {"U8", at::kByte},       {"BOOL", at::kBool}};
   return table;
 }
 
@@ -70,8 +69,8 @@ TensorEntry parse_entry(const std::string& name, const json& value, const fs::pa
   for (const auto& dim : value["shape"]) {
     uint64_t d = non_negative_int(dim, path, where + " shape entry");
     entry.shape.push_back(static_cast<int64_t>(d));
-    SD_CHECK(d == 0 || elements <= UINT64_MAX / d, "{}: corrupt safetensors header: {} shape overflows",
-             path.string(), where);
+    SD_CHECK(d == 0 || elements <= UINT64_MAX / d, "{}: corrupt safetensors header: {} shape overflows", path.string(),
+             where);
     elements *= d;
   }
   entry.begin = non_negative_int(value["data_offsets"][0], path, where + " data_offsets[0]");
@@ -112,9 +111,8 @@ SafeTensorsFile::SafeTensorsFile(fs::path path) : path_(std::move(path)) {
     read_exactly(fd_, &header_len, 8, 0, path_);
     SD_CHECK(header_len <= kMaxHeaderBytes, "{}: corrupt safetensors file: header length {} exceeds {} bytes",
              path_.string(), header_len, kMaxHeaderBytes);
-    SD_CHECK(8 + header_len <= file_size,
-             "{}: truncated safetensors file: header needs {} bytes but the file has {}", path_.string(),
-             8 + header_len, file_size);
+    SD_CHECK(8 + header_len <= file_size, "{}: truncated safetensors file: header needs {} bytes but the file has {}",
+             path_.string(), 8 + header_len, file_size);
     std::string header(header_len, '\0');
     read_exactly(fd_, header.data(), header_len, 8, path_);
     json root;
@@ -129,11 +127,10 @@ SafeTensorsFile::SafeTensorsFile(fs::path path) : path_(std::move(path)) {
     std::vector<std::pair<uint64_t, std::string>> by_offset;
     for (const auto& [name, value] : root.items()) {
       if (name == "__metadata__") {
-        SD_CHECK(value.is_object(), "{}: corrupt safetensors header: __metadata__ must be an object",
-                 path_.string());
+        SD_CHECK(value.is_object(), "{}: corrupt safetensors header: __metadata__ must be an object", path_.string());
         for (const auto& [k, v] : value.items()) {
-          SD_CHECK(v.is_string(), "{}: corrupt safetensors header: __metadata__['{}'] must be a string",
-                   path_.string(), k);
+          SD_CHECK(v.is_string(), "{}: corrupt safetensors header: __metadata__['{}'] must be a string", path_.string(),
+                   k);
           metadata_[k] = v.get<std::string>();
         }
         continue;
@@ -160,9 +157,8 @@ SafeTensorsFile::SafeTensorsFile(fs::path path) : path_(std::move(path)) {
     const uint64_t data_size = file_size - data_start_;
     SD_CHECK(cursor <= data_size, "{}: truncated safetensors file: header describes {} data bytes, file holds {}",
              path_.string(), cursor, data_size);
-    SD_CHECK(cursor == data_size,
-             "{}: corrupt safetensors file: {} trailing bytes after the last tensor", path_.string(),
-             data_size - cursor);
+    SD_CHECK(cursor == data_size, "{}: corrupt safetensors file: {} trailing bytes after the last tensor",
+             path_.string(), data_size - cursor);
   } catch (...) {
     ::close(fd_);
     throw;
@@ -200,9 +196,8 @@ void save_safetensors(const fs::path& path, const TensorMap& tensors,
     SD_CHECK(name != "__metadata__", "{}: '__metadata__' cannot be a tensor name", path.string());
     ordered.emplace_back(name, t.detach().to(at::kCPU).contiguous());
   }
-  std::stable_sort(ordered.begin(), ordered.end(), [](const auto& a, const auto& b) {
-    return a.second.element_size() > b.second.element_size();
-  });
+  std::stable_sort(ordered.begin(), ordered.end(),
+                   [](const auto& a, const auto& b) { return a.second.element_size() > b.second.element_size(); });
   // nlohmann::ordered_json keeps insertion order, so __metadata__ comes first and tensors in data order.
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;

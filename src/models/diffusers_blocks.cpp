@@ -31,9 +31,7 @@ at::Tensor activate(Activation act, const at::Tensor& x) {
 }
 
 namespace {
-bool is_full_precision(const at::Tensor& x) {
-  return x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble;
-}
+bool is_full_precision(const at::Tensor& x) { return x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble; }
 }  // namespace
 
 at::Tensor group_norm(const nn::GroupNorm& norm, const at::Tensor& x) {
@@ -47,8 +45,8 @@ at::Tensor group_norm(const nn::GroupNorm& norm, const at::Tensor& x) {
 at::Tensor layer_norm(const nn::LayerNorm& norm, const at::Tensor& x) {
   const auto& o = norm->options;
   if (is_full_precision(x) && norm->weight.scalar_type() == x.scalar_type()) return norm.ptr()->forward(x);
-  return at::layer_norm(x.to(at::kFloat), o.normalized_shape(), norm->weight.to(at::kFloat),
-                        norm->bias.to(at::kFloat), o.eps())
+  return at::layer_norm(x.to(at::kFloat), o.normalized_shape(), norm->weight.to(at::kFloat), norm->bias.to(at::kFloat),
+                        o.eps())
       .to(x.scalar_type());
 }
 
@@ -75,7 +73,8 @@ at::Tensor scaled_attention_per_head(const at::Tensor& q, const at::Tensor& k, c
 at::Tensor scaled_attention(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v, double scale,
                             bool upcast_attention, bool upcast_softmax) {
   const auto dtype = q_in.scalar_type();
-  if (!at::GradMode::is_enabled() && dtype == at::kFloat && q_in.size(0) > 1 && q_in.size(1) * k_in.size(1) >= (1 << 16))
+  if (!at::GradMode::is_enabled() && dtype == at::kFloat && q_in.size(0) > 1 &&
+      q_in.size(1) * k_in.size(1) >= (1 << 16))
     return scaled_attention_per_head(q_in, k_in, v, scale);
   at::Tensor q = upcast_attention ? q_in.to(at::kFloat) : q_in;
   at::Tensor k = upcast_attention ? k_in.to(at::kFloat) : k_in;
@@ -99,13 +98,13 @@ at::Tensor scaled_attention(const at::Tensor& q_in, const at::Tensor& k_in, cons
 
 ResnetBlock2DImpl::ResnetBlock2DImpl(const ResnetBlock2DOptions& o) : options_(o) {
   norm1 = register_module("norm1", nn::GroupNorm(nn::GroupNormOptions(o.groups, o.in_channels).eps(o.eps)));
-  conv1 = register_module(
-      "conv1", nn::Conv2d(nn::Conv2dOptions(o.in_channels, o.out_channels, 3).stride(1).padding(1)));
+  conv1 =
+      register_module("conv1", nn::Conv2d(nn::Conv2dOptions(o.in_channels, o.out_channels, 3).stride(1).padding(1)));
   if (o.temb_channels > 0)
     time_emb_proj = register_module("time_emb_proj", nn::Linear(o.temb_channels, o.out_channels));
   norm2 = register_module("norm2", nn::GroupNorm(nn::GroupNormOptions(o.groups, o.out_channels).eps(o.eps)));
-  conv2 = register_module(
-      "conv2", nn::Conv2d(nn::Conv2dOptions(o.out_channels, o.out_channels, 3).stride(1).padding(1)));
+  conv2 =
+      register_module("conv2", nn::Conv2d(nn::Conv2dOptions(o.out_channels, o.out_channels, 3).stride(1).padding(1)));
   if (o.in_channels != o.out_channels)
     conv_shortcut = register_module("conv_shortcut", nn::Conv2d(nn::Conv2dOptions(o.in_channels, o.out_channels, 1)));
 }
@@ -130,8 +129,7 @@ at::Tensor ResnetBlock2DImpl::forward(const at::Tensor& x, const at::Tensor& tem
 // ---------------------------------------------------------------------------------------------------------------
 
 Downsample2DImpl::Downsample2DImpl(int64_t channels, int64_t out_channels, int64_t padding) : padding_(padding) {
-  conv = register_module(
-      "conv", nn::Conv2d(nn::Conv2dOptions(channels, out_channels, 3).stride(2).padding(padding)));
+  conv = register_module("conv", nn::Conv2d(nn::Conv2dOptions(channels, out_channels, 3).stride(2).padding(padding)));
 }
 
 at::Tensor Downsample2DImpl::forward(const at::Tensor& x) {
@@ -203,9 +201,9 @@ at::Tensor AttentionImpl::forward(const at::Tensor& hidden, const at::Tensor& co
   at::Tensor v = to_v->forward(kv_input);
 
   const int64_t heads = options_.heads;
-  at::Tensor out = scaled_attention(head_to_batch_dim(q, heads), head_to_batch_dim(k, heads),
-                                    head_to_batch_dim(v, heads), scale_, options_.upcast_attention,
-                                    options_.upcast_softmax);
+  at::Tensor out =
+      scaled_attention(head_to_batch_dim(q, heads), head_to_batch_dim(k, heads), head_to_batch_dim(v, heads), scale_,
+                       options_.upcast_attention, options_.upcast_softmax);
   out = to_out_proj_->forward(batch_to_head_dim(out, heads));  // to_out.1 is Dropout(0)
 
   if (spatial) out = out.transpose(-1, -2).reshape({n, c, height, width});

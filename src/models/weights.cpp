@@ -42,8 +42,8 @@ void load_weights(torch::nn::Module& module, const io::SafeTensorsFile& file, co
     if (!file.contains(name)) {
       missing.push_back(name);
     } else if (at::IntArrayRef(file.entry(name).shape) != target.sizes()) {
-      misshaped.push_back(fmt::format("{} (file {}, model {})", name, shape_str(file.entry(name).shape),
-                                      shape_str(target.sizes())));
+      misshaped.push_back(
+          fmt::format("{} (file {}, model {})", name, shape_str(file.entry(name).shape), shape_str(target.sizes())));
     }
   }
   for (const auto& name : file.names())

@@ -25,7 +25,8 @@ at::Tensor as_vectors(at::Tensor t, const fs::path& path) {
 EmbeddingFile from_safetensors(const fs::path& path) {
   io::TensorMap tensors = io::load_safetensors(path);
   if (tensors.count("emb_params")) return {path.stem().string(), as_vectors(tensors.at("emb_params"), path)};
-  if (tensors.count("string_to_param.*")) return {path.stem().string(), as_vectors(tensors.at("string_to_param.*"), path)};
+  if (tensors.count("string_to_param.*"))
+    return {path.stem().string(), as_vectors(tensors.at("string_to_param.*"), path)};
   SD_CHECK(tensors.size() == 1,
            "{}: not an embedding file: expected one tensor {{token: [n, dim]}} (diffusers) or 'emb_params' "
            "(AUTOMATIC1111), found {} tensors",
@@ -33,7 +34,8 @@ EmbeddingFile from_safetensors(const fs::path& path) {
   return {tensors.begin()->first, as_vectors(tensors.begin()->second, path)};
 }
 
-// torch.save files: a dict {token: tensor} (diffusers' .bin) or A1111's {"string_to_param": {"*": tensor}, "name": ...}.
+// torch.save files: a dict {token: tensor} (diffusers' .bin) or A1111's {"string_to_param": {"*": tensor}, "name":
+// ...}.
 EmbeddingFile from_pickle(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -47,8 +49,8 @@ EmbeddingFile from_pickle(const fs::path& path) {
   auto dict = root.toGenericDict();
   if (dict.contains("string_to_param")) {
     auto params = dict.at("string_to_param");
-    SD_CHECK(params.isGenericDict() && params.toGenericDict().contains("*"),
-             "{}: string_to_param has no '*' entry", path.string());
+    SD_CHECK(params.isGenericDict() && params.toGenericDict().contains("*"), "{}: string_to_param has no '*' entry",
+             path.string());
     std::string name = path.stem().string();
     if (dict.contains("name") && dict.at("name").isString()) name = dict.at("name").toStringRef();
     return {name, as_vectors(params.toGenericDict().at("*").toTensor(), path)};

@@ -19,15 +19,17 @@ struct Preset {
   models::UNetConfig unet;
   models::VaeConfig vae;
   models::ClipTextConfig text_encoder;
-  json scheduler;     // scheduler_config.json
+  json scheduler;      // scheduler_config.json
   bool sd2_tokenizer;  // SD-2 pads with "!" (id 0), SD-1 with <|endoftext|>
 };
 
 json sd_scheduler(const std::string& class_name, const std::string& prediction_type) {
-  return {{"_class_name", class_name}, {"_diffusers_version", "0.24.0"},   {"beta_end", 0.012},
-          {"beta_schedule", "scaled_linear"}, {"beta_start", 0.00085},      {"clip_sample", false},
-          {"num_train_timesteps", 1000},      {"prediction_type", prediction_type}, {"set_alpha_to_one", false},
-          {"skip_prk_steps", true},           {"steps_offset", 1},           {"timestep_spacing", "leading"},
+  return {{"_class_name", class_name},   {"_diffusers_version", "0.24.0"},
+          {"beta_end", 0.012},           {"beta_schedule", "scaled_linear"},
+          {"beta_start", 0.00085},       {"clip_sample", false},
+          {"num_train_timesteps", 1000}, {"prediction_type", prediction_type},
+          {"set_alpha_to_one", false},   {"skip_prk_steps", true},
+          {"steps_offset", 1},           {"timestep_spacing", "leading"},
           {"trained_betas", nullptr}};
 }
 
@@ -47,9 +49,9 @@ Preset tiny_preset() {
                     {"layers_per_block", 2},
                     {"latent_channels", 4},
                     {"sample_size", 64}};
-  const json text = {{"hidden_size", 32},       {"intermediate_size", 37}, {"num_attention_heads", 4},
-                     {"num_hidden_layers", 5},   {"projection_dim", 32},    {"hidden_act", "quick_gelu"},
-                     {"bos_token_id", 0},        {"eos_token_id", 2}};
+  const json text = {{"hidden_size", 32},      {"intermediate_size", 37}, {"num_attention_heads", 4},
+                     {"num_hidden_layers", 5}, {"projection_dim", 32},    {"hidden_act", "quick_gelu"},
+                     {"bos_token_id", 0},      {"eos_token_id", 2}};
   return {models::UNetConfig::from_json(io::JsonConfig(unet, "tiny preset unet")),
           models::VaeConfig::from_json(io::JsonConfig(vae, "tiny preset vae")),
           models::ClipTextConfig::from_json(io::JsonConfig(text, "tiny preset text_encoder")),
@@ -81,15 +83,23 @@ void write_tokenizer(const fs::path& dir, bool sd2) {
   json added = {{"49406", special_token("<|startoftext|>")}, {"49407", special_token("<|endoftext|>")}};
   added["49406"]["special"] = true;
   added["49407"]["special"] = true;
-  if (sd2) added["0"] = {{"content", "!"}, {"lstrip", false}, {"normalized", false}, {"rstrip", false},
-                         {"single_word", false}, {"special", true}};
+  if (sd2)
+    added["0"] = {{"content", "!"},  {"lstrip", false},      {"normalized", false},
+                  {"rstrip", false}, {"single_word", false}, {"special", true}};
   const std::string pad = sd2 ? "!" : "<|endoftext|>";
-  json config = {{"added_tokens_decoder", added}, {"bos_token", "<|startoftext|>"},
-                 {"clean_up_tokenization_spaces", true}, {"eos_token", "<|endoftext|>"}, {"errors", "replace"},
-                 {"model_max_length", 77}, {"pad_token", pad}, {"tokenizer_class", "CLIPTokenizer"},
+  json config = {{"added_tokens_decoder", added},
+                 {"bos_token", "<|startoftext|>"},
+                 {"clean_up_tokenization_spaces", true},
+                 {"eos_token", "<|endoftext|>"},
+                 {"errors", "replace"},
+                 {"model_max_length", 77},
+                 {"pad_token", pad},
+                 {"tokenizer_class", "CLIPTokenizer"},
                  {"unk_token", "<|endoftext|>"}};
-  json special = {{"bos_token", special_token("<|startoftext|>")}, {"eos_token", special_token("<|endoftext|>")},
-                  {"pad_token", pad}, {"unk_token", special_token("<|endoftext|>")}};
+  json special = {{"bos_token", special_token("<|startoftext|>")},
+                  {"eos_token", special_token("<|endoftext|>")},
+                  {"pad_token", pad},
+                  {"unk_token", special_token("<|endoftext|>")}};
   io::write_text_file(dir / "tokenizer_config.json", config.dump(2) + "\n");
   io::write_text_file(dir / "special_tokens_map.json", special.dump(2) + "\n");
 }
@@ -105,7 +115,9 @@ StableDiffusion make_preset(const std::string& name, uint64_t seed, const fs::pa
   at::manual_seed(seed);
   StableDiffusion pipe{model_index_json(preset.scheduler["_class_name"]),
                        text::ClipTokenizer::load(work_dir / "tokenizer"),
-                       nullptr, nullptr, nullptr,
+                       nullptr,
+                       nullptr,
+                       nullptr,
                        schedulers::SchedulerConfig::from_json(io::JsonConfig(preset.scheduler, name + " scheduler"))};
   pipe.unet = models::UNet2DConditionModel(preset.unet);
   pipe.vae = models::AutoencoderKL(preset.vae);

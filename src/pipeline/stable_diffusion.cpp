@@ -15,8 +15,8 @@ int64_t StableDiffusion::vae_scale_factor() const {
 
 void check_pipeline_layout(const fs::path& dir) {
   SD_CHECK(fs::is_directory(dir), "{}: model folder not found (expected a diffusers pipeline folder)", dir.string());
-  SD_CHECK(fs::is_regular_file(dir / "model_index.json"),
-           "{}: not a diffusers pipeline (missing model_index.json)", dir.string());
+  SD_CHECK(fs::is_regular_file(dir / "model_index.json"), "{}: not a diffusers pipeline (missing model_index.json)",
+           dir.string());
   for (const char* part : {"unet", "vae", "text_encoder", "tokenizer", "scheduler"})
     SD_CHECK(fs::is_directory(dir / part), "{}: missing the {}/ folder of the pipeline", dir.string(), part);
 }
@@ -25,7 +25,9 @@ StableDiffusion load_pipeline(const fs::path& dir, const ComponentDtypes& dtypes
   check_pipeline_layout(dir);
   StableDiffusion pipe{io::JsonConfig::load(dir / "model_index.json").raw(),
                        text::ClipTokenizer::load(tokenizer_dir.empty() ? dir / "tokenizer" : tokenizer_dir),
-                       nullptr, nullptr, nullptr,
+                       nullptr,
+                       nullptr,
+                       nullptr,
                        schedulers::SchedulerConfig::load(dir / "scheduler" / "scheduler_config.json")};
   pipe.text_encoder = models::load_text_encoder(dir / "text_encoder", dtypes.text_encoder);
   pipe.vae = models::load_vae(dir / "vae", dtypes.vae);

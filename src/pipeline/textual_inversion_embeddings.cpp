@@ -15,8 +15,8 @@ std::vector<std::string> load_textual_inversion(text::ClipTokenizer& tokenizer, 
            source, embedding.token, vectors.dim());
   const int64_t hidden = text_encoder->config().hidden_size;
   SD_CHECK(vectors.size(1) == hidden,
-           "{}: embedding '{}' has width {} but the text encoder's hidden_size is {} (made for another model?)",
-           source, embedding.token, vectors.size(1), hidden);
+           "{}: embedding '{}' has width {} but the text encoder's hidden_size is {} (made for another model?)", source,
+           embedding.token, vectors.size(1), hidden);
   const std::vector<std::string> tokens = embedding_tokens(embedding.token, vectors.size(0));
   // All checks before any change, so a rejected file leaves the pipeline as it was.
   for (const std::string& token : tokens) {

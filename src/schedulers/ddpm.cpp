@@ -63,9 +63,7 @@ int64_t DDPMScheduler::previous_timestep(int64_t t) const {
   return t - config_.num_train_timesteps / n;
 }
 
-at::Tensor DDPMScheduler::alpha_prod_prev(int64_t prev_t) const {
-  return prev_t >= 0 ? alphas_cumprod_[prev_t] : one_;
-}
+at::Tensor DDPMScheduler::alpha_prod_prev(int64_t prev_t) const { return prev_t >= 0 ? alphas_cumprod_[prev_t] : one_; }
 
 at::Tensor DDPMScheduler::variance(int64_t t) const {
   const at::Tensor alpha_prod_t = alphas_cumprod_[t];

@@ -33,7 +33,8 @@ DPMSolverMultistepScheduler::DPMSolverMultistepScheduler(SchedulerConfig config)
   if (algorithm_type_ != "dpmsolver" && algorithm_type_ != "dpmsolver++" && algorithm_type_ != "sde-dpmsolver" &&
       algorithm_type_ != "sde-dpmsolver++")
     c.fail_key("algorithm_type", fmt::format("must be one of dpmsolver, dpmsolver++, sde-dpmsolver, sde-dpmsolver++, "
-                                             "got \"{}\"", c.algorithm_type));
+                                             "got \"{}\"",
+                                             c.algorithm_type));
   solver_type_ = c.solver_type;
   if (solver_type_ == "logrho" || solver_type_ == "bh1" || solver_type_ == "bh2") solver_type_ = "midpoint";
   if (solver_type_ != "midpoint" && solver_type_ != "heun")
@@ -206,8 +207,7 @@ at::Tensor DPMSolverMultistepScheduler::step(const at::Tensor& model_output, con
   const int64_t len = timesteps_.size(0);
   SD_CHECK(step_index_ < len, "{}: step called after the last timestep", class_name());
   // Short runs finish with lower-order steps, which is more stable below ~15 steps.
-  const bool lower_order_final =
-      step_index_ == len - 1 && (c.euler_at_final || (c.lower_order_final && len < 15));
+  const bool lower_order_final = step_index_ == len - 1 && (c.euler_at_final || (c.lower_order_final && len < 15));
   const bool lower_order_second = step_index_ == len - 2 && c.lower_order_final && len < 15;
 
   const at::Tensor converted = convert_model_output(model_output, sample);

@@ -25,8 +25,8 @@ class DPMSolverMultistepScheduler : public Scheduler {
   at::Tensor third_order(const at::Tensor& sample) const;
 
   std::string algorithm_type_, solver_type_;
-  at::Tensor lambda_t_;                   // log(alpha_t) - log(sigma_t) per training timestep
-  std::vector<at::Tensor> model_outputs_; // the last solver_order converted outputs, oldest first
+  at::Tensor lambda_t_;                    // log(alpha_t) - log(sigma_t) per training timestep
+  std::vector<at::Tensor> model_outputs_;  // the last solver_order converted outputs, oldest first
   int64_t lower_order_nums_ = 0;
   int64_t step_index_ = -1;
 };

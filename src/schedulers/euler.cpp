@@ -103,9 +103,8 @@ at::Tensor EulerDiscreteScheduler::step(const at::Tensor& model_output, const at
   if (!noise.has_tensor()) (void)noise.draw(model_output);  // unused with s_churn = 0, see header
   // gamma = 0 (s_churn = 0): sigma_hat = sigma * (gamma + 1).
   const at::Tensor sigma_hat = sigma * 1.0;
-  const at::Tensor pred_original = config_.prediction_type == "epsilon"
-                                       ? sample - sigma_hat * model_output
-                                       : x0_prediction(model_output, sample, sigma);
+  const at::Tensor pred_original = config_.prediction_type == "epsilon" ? sample - sigma_hat * model_output
+                                                                        : x0_prediction(model_output, sample, sigma);
   // ODE derivative dx/dsigma and an Euler step to the next sigma.
   const at::Tensor derivative = (sample - pred_original) / sigma_hat;
   const at::Tensor dt = sigmas_[step_index_ + 1] - sigma_hat;
@@ -131,8 +130,7 @@ at::Tensor EulerAncestralDiscreteScheduler::step(const at::Tensor& model_output,
   const at::Tensor sigma_from = sigmas_[step_index_];
   const at::Tensor sigma_to = sigmas_[step_index_ + 1];
   // Split the move to sigma_to into a deterministic part (to sigma_down) and fresh noise (sigma_up).
-  const at::Tensor sigma_up =
-      (sigma_to.pow(2) * (sigma_from.pow(2) - sigma_to.pow(2)) / sigma_from.pow(2)).pow(0.5);
+  const at::Tensor sigma_up = (sigma_to.pow(2) * (sigma_from.pow(2) - sigma_to.pow(2)) / sigma_from.pow(2)).pow(0.5);
   const at::Tensor sigma_down = (sigma_to.pow(2) - sigma_up.pow(2)).pow(0.5);
   const at::Tensor derivative = (sample - pred_original) / sigma;
   const at::Tensor dt = sigma_down - sigma;

@@ -86,8 +86,8 @@ at::Tensor PNDMScheduler::step_prk(const at::Tensor& model_output_in, int64_t t,
   } else if ((counter_ - 1) % 4 == 0 || (counter_ - 2) % 4 == 0) {
     accumulate(1.0 / 3);
   } else {
-    model_output = cur_model_output_.defined() ? cur_model_output_ + (1.0 / 6) * model_output
-                                               : (1.0 / 6) * model_output;
+    model_output =
+        cur_model_output_.defined() ? cur_model_output_ + (1.0 / 6) * model_output : (1.0 / 6) * model_output;
     cur_model_output_ = at::Tensor();
   }
   const at::Tensor cur = cur_sample_.defined() ? cur_sample_ : sample;
@@ -144,8 +144,8 @@ at::Tensor PNDMScheduler::prev_sample(const at::Tensor& sample, int64_t t, int64
   if (config_.prediction_type == "v_prediction")
     model_output = alpha_prod_t.pow(0.5) * model_output + beta_prod_t.pow(0.5) * sample;
   const at::Tensor sample_coeff = (alpha_prod_t_prev / alpha_prod_t).pow(0.5);
-  const at::Tensor denom = alpha_prod_t * beta_prod_t_prev.pow(0.5) +
-                           (alpha_prod_t * beta_prod_t * alpha_prod_t_prev).pow(0.5);
+  const at::Tensor denom =
+      alpha_prod_t * beta_prod_t_prev.pow(0.5) + (alpha_prod_t * beta_prod_t * alpha_prod_t_prev).pow(0.5);
   return sample_coeff * sample - (alpha_prod_t_prev - alpha_prod_t) * model_output / denom;
 }
 

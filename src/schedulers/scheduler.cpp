@@ -16,8 +16,7 @@ at::Tensor Noise::draw(const at::Tensor& like) const {
 }
 
 void Scheduler::check_steps(int num_inference_steps) const {
-  SD_CHECK(num_inference_steps >= 1, "{}: num_inference_steps must be >= 1, got {}", class_name(),
-           num_inference_steps);
+  SD_CHECK(num_inference_steps >= 1, "{}: num_inference_steps must be >= 1, got {}", class_name(), num_inference_steps);
   SD_CHECK(num_inference_steps <= config_.num_train_timesteps,
            "{}: num_inference_steps ({}) cannot exceed num_train_timesteps ({}) of {}", class_name(),
            num_inference_steps, config_.num_train_timesteps, config_.source);

@@ -17,7 +17,7 @@ namespace sd::schedulers {
 class Noise {
  public:
   Noise() = default;
-  Noise(at::Tensor noise) : tensor_(std::move(noise)) {}     // NOLINT: implicit on purpose
+  Noise(at::Tensor noise) : tensor_(std::move(noise)) {}                // NOLINT: implicit on purpose
   Noise(at::Generator generator) : generator_(std::move(generator)) {}  // NOLINT
   // A draw shaped and typed like `like` (on its device).
   at::Tensor draw(const at::Tensor& like) const;

@@ -25,8 +25,7 @@ std::string one_of(const sd::io::JsonConfig& cfg, const SchedulerConfig& c, cons
 }
 
 // A float key that may also hold Python's -Infinity / Infinity / NaN (load() turns those into strings).
-std::optional<double> special_number(const sd::io::JsonConfig& cfg, const SchedulerConfig& c,
-                                     const std::string& key) {
+std::optional<double> special_number(const sd::io::JsonConfig& cfg, const SchedulerConfig& c, const std::string& key) {
   if (!cfg.has(key)) return std::nullopt;
   const json& v = cfg.raw()[key];
   if (v.is_string()) {
@@ -68,7 +67,8 @@ SchedulerConfig SchedulerConfig::from_json(const sd::io::JsonConfig& cfg) {
   c.class_name = cfg.get<std::string>("_class_name", "");
 
   c.num_train_timesteps = cfg.get<int64_t>("num_train_timesteps", c.num_train_timesteps);
-  if (c.num_train_timesteps < 1) c.fail_key("num_train_timesteps", fmt::format("must be >= 1, got {}", c.num_train_timesteps));
+  if (c.num_train_timesteps < 1)
+    c.fail_key("num_train_timesteps", fmt::format("must be >= 1, got {}", c.num_train_timesteps));
   c.beta_start = cfg.get<double>("beta_start", c.beta_start);
   c.beta_end = cfg.get<double>("beta_end", c.beta_end);
   c.beta_schedule =

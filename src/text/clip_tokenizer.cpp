@@ -94,8 +94,8 @@ bool matches_at(const std::u32string& text, size_t i, std::u32string_view litera
 //   <\|startoftext\|>|<\|endoftext\|>|'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+
 // Alternatives are tried in order at each position; none needs backtracking.
 std::vector<std::u32string> clip_pretokenize(const std::u32string& text) {
-  static constexpr std::u32string_view kLiterals[] = {U"<|startoftext|>", U"<|endoftext|>", U"'s", U"'t", U"'re",
-                                                      U"'ve",             U"'m",            U"'ll", U"'d"};
+  static constexpr std::u32string_view kLiterals[] = {
+      U"<|startoftext|>", U"<|endoftext|>", U"'s", U"'t", U"'re", U"'ve", U"'m", U"'ll", U"'d"};
   std::vector<std::u32string> out;
   size_t i = 0;
   const size_t n = text.size();
@@ -156,7 +156,7 @@ struct ClipTokenizer::BpeTables {
   std::vector<std::string> symbols;
   std::unordered_map<std::string, int32_t> symbol_ids;
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges;  // (a << 32 | b) -> (rank, merged)
-  std::vector<std::pair<std::string, std::string>> merges_by_rank;    // for save(); ranks are indices
+  std::vector<std::pair<std::string, std::string>> merges_by_rank;   // for save(); ranks are indices
   std::array<std::string, 256> byte_chars;                           // UTF-8 of the mapped character
   std::unordered_map<char32_t, uint8_t> byte_decoder;
 
@@ -302,8 +302,9 @@ ClipTokenizer ClipTokenizer::load(const fs::path& dir) {
     }
     std::vector<std::pair<int32_t, std::pair<std::string, std::string>>> ranked;
     for (const auto& [k, v] : tables->merges)
-      ranked.push_back({v.first, {tables->symbols[static_cast<size_t>(k >> 32)],
-                                  tables->symbols[static_cast<size_t>(k & 0xFFFFFFFFu)]}});
+      ranked.push_back(
+          {v.first,
+           {tables->symbols[static_cast<size_t>(k >> 32)], tables->symbols[static_cast<size_t>(k & 0xFFFFFFFFu)]}});
     std::sort(ranked.begin(), ranked.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
     for (auto& r : ranked) tables->merges_by_rank.push_back(std::move(r.second));
   }
@@ -388,7 +389,8 @@ ClipTokenizer ClipTokenizer::load(const fs::path& dir) {
   }
   // As PreTrainedTokenizer.__init__: special tokens that are not added tokens yet become special added tokens
   // (at their vocabulary id when they have one) -- this is how SD-2's pad token "!" ends up matched verbatim.
-  for (const std::string& s : {tok.bos_token_, tok.eos_token_, tok.unk_token_, tok.pad_token_}) tok.add_special_if_missing(s);
+  for (const std::string& s : {tok.bos_token_, tok.eos_token_, tok.unk_token_, tok.pad_token_})
+    tok.add_special_if_missing(s);
 
   tok.bos_id_ = tok.convert_token(tok.bos_token_);
   tok.eos_id_ = tok.convert_token(tok.eos_token_);
@@ -406,8 +408,9 @@ void ClipTokenizer::rebuild_added_index() {
   for (const auto& [id, t] : added_) added_encoder_[t.content] = id;
   added_by_length_.clear();
   for (const auto& [content, id] : added_encoder_) added_by_length_.push_back(content);
-  std::sort(added_by_length_.begin(), added_by_length_.end(),
-            [](const std::string& a, const std::string& b) { return a.size() != b.size() ? a.size() > b.size() : a < b; });
+  std::sort(added_by_length_.begin(), added_by_length_.end(), [](const std::string& a, const std::string& b) {
+    return a.size() != b.size() ? a.size() > b.size() : a < b;
+  });
 }
 
 void ClipTokenizer::add_special_if_missing(const std::string& content) {
@@ -431,8 +434,8 @@ size_t ClipTokenizer::size() const {
 
 int64_t ClipTokenizer::add_token(const std::string& token) {
   SD_CHECK(!token.empty(), "cannot add an empty token to the tokenizer");
-  SD_CHECK(!added_encoder_.count(token) && !encoder_.count(token), "token '{}' is already in the tokenizer's vocabulary",
-           token);
+  SD_CHECK(!added_encoder_.count(token) && !encoder_.count(token),
+           "token '{}' is already in the tokenizer's vocabulary", token);
   AddedToken t;
   t.content = token;
   const int64_t id = static_cast<int64_t>(size());
@@ -516,7 +519,8 @@ std::vector<std::string> ClipTokenizer::bpe(const std::string& word) const {
   }
   std::vector<std::string> pieces;
   pieces.reserve(syms.size());
-  for (int32_t s : syms) pieces.push_back(s >= 0 ? t.symbols[static_cast<size_t>(s)] : unknown[static_cast<size_t>(-1 - s)]);
+  for (int32_t s : syms)
+    pieces.push_back(s >= 0 ? t.symbols[static_cast<size_t>(s)] : unknown[static_cast<size_t>(-1 - s)]);
   std::lock_guard<std::mutex> lock(cache_mutex_);
   cache_.emplace(word, pieces);
   return pieces;
@@ -692,9 +696,8 @@ void ClipTokenizer::save(const fs::path& dir) const {
   config["tokenizer_class"] = "CLIPTokenizer";
   json decoder = json::object();
   for (const auto& [id, t] : added_) {
-    decoder[std::to_string(id)] = {{"content", t.content},         {"lstrip", t.lstrip},   {"normalized", t.normalized},
-                                   {"rstrip", t.rstrip},           {"single_word", t.single_word},
-                                   {"special", t.special}};
+    decoder[std::to_string(id)] = {{"content", t.content}, {"lstrip", t.lstrip},           {"normalized", t.normalized},
+                                   {"rstrip", t.rstrip},   {"single_word", t.single_word}, {"special", t.special}};
   }
   config["added_tokens_decoder"] = decoder;
   io::write_text_file(dir / "tokenizer_config.json", dump_like_python(config));
@@ -702,11 +705,13 @@ void ClipTokenizer::save(const fs::path& dir) const {
   json special = special_tokens_map_;
   if (!special.is_object() || special.empty()) {
     auto token_json = [&](const std::string& content) {
-      return json{{"content", content}, {"lstrip", false}, {"normalized", true}, {"rstrip", false},
-                  {"single_word", false}};
+      return json{
+          {"content", content}, {"lstrip", false}, {"normalized", true}, {"rstrip", false}, {"single_word", false}};
     };
-    special = json{{"bos_token", token_json(bos_token_)}, {"eos_token", token_json(eos_token_)},
-                   {"pad_token", pad_token_}, {"unk_token", token_json(unk_token_)}};
+    special = json{{"bos_token", token_json(bos_token_)},
+                   {"eos_token", token_json(eos_token_)},
+                   {"pad_token", pad_token_},
+                   {"unk_token", token_json(unk_token_)}};
   }
   io::write_text_file(dir / "special_tokens_map.json", dump_like_python(special));
 

@@ -18,17 +18,17 @@ namespace sd::text {
 // transformers' AddedToken: a string matched verbatim (case-sensitive) before any normalisation.
 struct AddedToken {
   std::string content;
-  bool lstrip = false;      // eats whitespace on its left
-  bool rstrip = false;      // eats whitespace on its right
-  bool single_word = false; // only matches as a whole word
+  bool lstrip = false;       // eats whitespace on its left
+  bool rstrip = false;       // eats whitespace on its right
+  bool single_word = false;  // only matches as a whole word
   bool normalized = true;
   bool special = false;
 };
 
 // One prompt as the pipelines feed it to the text encoder.
 struct ClipEncoding {
-  std::vector<int64_t> input_ids;       // [bos] + tokens[:max-2] + [eos], padded to max_length
-  std::vector<int64_t> attention_mask;  // 1 for bos/tokens/eos, 0 for padding
+  std::vector<int64_t> input_ids;          // [bos] + tokens[:max-2] + [eos], padded to max_length
+  std::vector<int64_t> attention_mask;     // 1 for bos/tokens/eos, 0 for padding
   int64_t n_tokens_before_truncation = 0;  // including bos and eos
   bool truncated = false;
 };
@@ -89,12 +89,12 @@ class ClipTokenizer {
   void add_special_if_missing(const std::string& content);
   void rebuild_added_index();
 
-  std::vector<std::string> vocab_;                      // id -> token (base vocabulary)
-  std::unordered_map<std::string, int64_t> encoder_;    // token -> id (base vocabulary)
-  std::shared_ptr<const BpeTables> bpe_;                // merges; shared by copies (immutable)
-  std::vector<std::pair<int64_t, AddedToken>> added_;   // sorted by id
+  std::vector<std::string> vocab_;                     // id -> token (base vocabulary)
+  std::unordered_map<std::string, int64_t> encoder_;   // token -> id (base vocabulary)
+  std::shared_ptr<const BpeTables> bpe_;               // merges; shared by copies (immutable)
+  std::vector<std::pair<int64_t, AddedToken>> added_;  // sorted by id
   std::unordered_map<std::string, int64_t> added_encoder_;
-  std::vector<std::string> added_by_length_;            // added contents, longest first (for matching)
+  std::vector<std::string> added_by_length_;  // added contents, longest first (for matching)
 
   std::string bos_token_ = "<|startoftext|>", eos_token_ = "<|endoftext|>", unk_token_ = "<|endoftext|>",
               pad_token_ = "<|endoftext|>";

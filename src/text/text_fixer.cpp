@@ -22,18 +22,19 @@ constexpr Entity kEntities[] = {
 };
 
 const Entity* find_entity(const std::string& name) {
-  auto it = std::lower_bound(std::begin(kEntities), std::end(kEntities), name,
-                             [](const Entity& e, const std::string& key) { return std::strcmp(e.name, key.c_str()) < 0; });
+  auto it =
+      std::lower_bound(std::begin(kEntities), std::end(kEntities), name,
+                       [](const Entity& e, const std::string& key) { return std::strcmp(e.name, key.c_str()) < 0; });
   if (it != std::end(kEntities) && name == it->name) return it;
   return nullptr;
 }
 
 // Windows-1252 for bytes 0x80..0x9F; the five unassigned bytes map to themselves (ftfy's "sloppy" codec and
 // Python's html.unescape agree on that).
-constexpr std::array<char32_t, 32> kCp1252High = {
-    0x20AC, 0x0081, 0x201A, 0x0192, 0x201E, 0x2026, 0x2020, 0x2021, 0x02C6, 0x2030, 0x0160,
-    0x2039, 0x0152, 0x008D, 0x017D, 0x008F, 0x0090, 0x2018, 0x2019, 0x201C, 0x201D, 0x2022,
-    0x2013, 0x2014, 0x02DC, 0x2122, 0x0161, 0x203A, 0x0153, 0x009D, 0x017E, 0x0178};
+constexpr std::array<char32_t, 32> kCp1252High = {0x20AC, 0x0081, 0x201A, 0x0192, 0x201E, 0x2026, 0x2020, 0x2021,
+                                                  0x02C6, 0x2030, 0x0160, 0x2039, 0x0152, 0x008D, 0x017D, 0x008F,
+                                                  0x0090, 0x2018, 0x2019, 0x201C, 0x201D, 0x2022, 0x2013, 0x2014,
+                                                  0x02DC, 0x2122, 0x0161, 0x203A, 0x0153, 0x009D, 0x017E, 0x0178};
 
 bool is_ascii_alnum(char32_t c) {
   return (c >= U'0' && c <= U'9') || (c >= U'a' && c <= U'z') || (c >= U'A' && c <= U'Z');
@@ -71,9 +72,11 @@ std::u32string unescape_one(std::u32string_view match, bool numeric, std::u32str
   uint64_t num = 0;
   size_t i = 0;
   if ((body[0] == U'x' || body[0] == U'X') && body.size() > 1 && is_ascii_hex(body[1])) {
-    for (i = 1; i < body.size() && is_ascii_hex(body[i]); ++i) num = std::min<uint64_t>(num * 16 + hex_value(body[i]), 0x7FFFFFFF);
+    for (i = 1; i < body.size() && is_ascii_hex(body[i]); ++i)
+      num = std::min<uint64_t>(num * 16 + hex_value(body[i]), 0x7FFFFFFF);
   } else if (is_ascii_digit(body[0])) {
-    for (i = 0; i < body.size() && is_ascii_digit(body[i]); ++i) num = std::min<uint64_t>(num * 10 + (body[i] - U'0'), 0x7FFFFFFF);
+    for (i = 0; i < body.size() && is_ascii_digit(body[i]); ++i)
+      num = std::min<uint64_t>(num * 10 + (body[i] - U'0'), 0x7FFFFFFF);
   } else {
     return std::u32string(match);
   }
@@ -140,8 +143,10 @@ std::u32string fix_character_width(std::u32string_view text) {
 std::u32string uncurl_quotes(std::u32string_view text) {
   std::u32string out(text);
   for (auto& c : out) {
-    if (c == 0x02BC || (c >= 0x2018 && c <= 0x201B)) c = U'\'';
-    else if (c >= 0x201C && c <= 0x201F) c = U'"';
+    if (c == 0x02BC || (c >= 0x2018 && c <= 0x201B))
+      c = U'\'';
+    else if (c >= 0x201C && c <= 0x201F)
+      c = U'"';
   }
   return out;
 }
@@ -171,7 +176,9 @@ std::u32string remove_terminal_escapes(std::u32string_view text) {
   while (i < text.size()) {
     if (text[i] == 0x1B && i + 1 < text.size() && text[i + 1] == U'[') {
       size_t j = i + 2;
-      while (j < text.size() && (text[j] == U';' || u_charType(static_cast<UChar32>(text[j])) == U_DECIMAL_DIGIT_NUMBER)) ++j;
+      while (j < text.size() &&
+             (text[j] == U';' || u_charType(static_cast<UChar32>(text[j])) == U_DECIMAL_DIGIT_NUMBER))
+        ++j;
       const char32_t last = j < text.size() ? text[j] : 0;
       if ((last >= U'a' && last <= U'z') || (last >= U'A' && last <= U'Z')) {
         i = j + 1;

@@ -13,7 +13,7 @@ namespace {
 
 icu::UnicodeString to_icu(std::u32string_view text) {
   return icu::UnicodeString::fromUTF32(reinterpret_cast<const UChar32*>(text.data()),
-                                      static_cast<int32_t>(text.size()));
+                                       static_cast<int32_t>(text.size()));
 }
 
 std::u32string from_icu(const icu::UnicodeString& s) {
@@ -113,10 +113,15 @@ bool py_isspace(char32_t c) {
   // The fixed list CPython's _PyUnicode_IsWhitespace holds (stable since Unicode 6.3 dropped U+180E).
   if (c <= 0x20) return c == 0x20 || (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x1F);
   switch (c) {
-    case 0x85: case 0xA0: case 0x1680: case 0x2028: case 0x2029: case 0x202F: case 0x205F: case 0x3000:
-      return true;
-    default:
-      return c >= 0x2000 && c <= 0x200A;
+    case 0x85:
+    case 0xA0:
+    case 0x1680:
+    case 0x2028:
+    case 0x2029:
+    case 0x202F:
+    case 0x205F:
+    case 0x3000: return true;
+    default: return c >= 0x2000 && c <= 0x200A;
   }
 }
 

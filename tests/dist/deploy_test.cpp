@@ -19,7 +19,8 @@ fs::path deploy_dir() { return fs::path(SDTRAIN_FIXTURES).parent_path().parent_p
 class Deploy : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto r = sd::test::run_process({sd::test::sdtrain_binary(), "init", "--preset", "tiny", "--out", model().string()}, 60s);
+    auto r =
+        sd::test::run_process({sd::test::sdtrain_binary(), "init", "--preset", "tiny", "--out", model().string()}, 60s);
     ASSERT_EQ(r.exit_code, 0) << r.output;
     sd::test::write_pattern_png(data() / "a.png", 40, 40, 1);
     std::ofstream(hosts()) << "localhost\n";
@@ -31,9 +32,14 @@ class Deploy : public ::testing::Test {
   // Small enough for CI; these flags come last, so they win over the examples' production values.
   static std::string small() { return "--resolution=32 --max_train_steps=2 --threads=1 --dist_timeout=60"; }
   std::map<std::string, std::string> env() const {
-    return {{"MODEL", model().string()}, {"DATA", data().string()}, {"OUT", out().string()},
-            {"HOSTS", hosts().string()}, {"SDTRAIN", sd::test::sdtrain_binary()}, {"EXTRA_ARGS", small()},
-            {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(sd::test::free_port())}};
+    return {{"MODEL", model().string()},
+            {"DATA", data().string()},
+            {"OUT", out().string()},
+            {"HOSTS", hosts().string()},
+            {"SDTRAIN", sd::test::sdtrain_binary()},
+            {"EXTRA_ARGS", small()},
+            {"MASTER_ADDR", "127.0.0.1"},
+            {"MASTER_PORT", std::to_string(sd::test::free_port())}};
   }
   void expect_trained(const sd::test::ProcessResult& r) const {
     ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -86,7 +92,8 @@ exit $rc
   e["PATH"] = bin.string() + ":" + std::getenv("PATH");
   e["SLURM_NTASKS"] = "2";
   e["SLURM_JOB_NODELIST"] = "localhost";
-  expect_trained(sd::test::run_process({"bash", (deploy_dir() / "slurm" / "textual-inversion.sbatch").string()}, 120s, e));
+  expect_trained(
+      sd::test::run_process({"bash", (deploy_dir() / "slurm" / "textual-inversion.sbatch").string()}, 120s, e));
 }
 
 TEST_F(Deploy, PyTorchJobArgumentsWithOperatorVariables) {
@@ -99,17 +106,18 @@ TEST_F(Deploy, PyTorchJobArgumentsWithOperatorVariables) {
   while (std::getline(manifest, line))
     if (std::regex_match(line, m, arg_line)) args.push_back(m[1]);
   ASSERT_GT(args.size(), 10u);
-  for (const std::string& extra : {"--pretrained_model_name_or_path=" + model().string(),
-                                   "--train_data_dir=" + data().string(), "--output_dir=" + out().string(),
-                                   std::string("--resolution=32"), std::string("--max_train_steps=2"),
-                                   std::string("--threads=1"), std::string("--dist_timeout=60")})
+  for (const std::string& extra :
+       {"--pretrained_model_name_or_path=" + model().string(), "--train_data_dir=" + data().string(),
+        "--output_dir=" + out().string(), std::string("--resolution=32"), std::string("--max_train_steps=2"),
+        std::string("--threads=1"), std::string("--dist_timeout=60")})
     args.push_back(extra);
   const std::string port = std::to_string(sd::test::free_port());
   std::vector<std::unique_ptr<sd::test::Process>> pods;
   for (int rank = 0; rank < 2; ++rank)
     pods.push_back(std::make_unique<sd::test::Process>(
-        args, std::map<std::string, std::string>{{"RANK", std::to_string(rank)}, {"WORLD_SIZE", "2"},
-                                                 {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port}}));
+        args,
+        std::map<std::string, std::string>{
+            {"RANK", std::to_string(rank)}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port}}));
   std::vector<sd::test::Process*> all = {pods[0].get(), pods[1].get()};
   ASSERT_TRUE(sd::test::wait_all(all, 120s));
   for (auto& pod : pods) EXPECT_EQ(pod->exit_code(), 0) << pod->output();

@@ -119,7 +119,8 @@ TEST(GradientSync, ThreeRanksWithinReductionOrderNoise) {
           << "rank " << r << " param " << i;
   // Every rank ends with the same bits.
   for (int r = 1; r < 3; ++r)
-    for (size_t i = 0; i < results[0].synced.size(); ++i) EXPECT_TRUE(at::equal(results[0].synced[i], results[r].synced[i]));
+    for (size_t i = 0; i < results[0].synced.size(); ++i)
+      EXPECT_TRUE(at::equal(results[0].synced[i], results[r].synced[i]));
 }
 
 TEST(GradientSync, OneBucketWhenEverythingFits) {

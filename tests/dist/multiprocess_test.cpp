@@ -18,17 +18,17 @@ namespace sd::dist {
 namespace {
 
 using json = nlohmann::json;
+using sd::test::Process;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
-using sd::test::Process;
 
 // Removes whatever launcher started the test binary itself, so each test sees only the launcher it sets up.
 std::map<std::string, std::string> clean_env() {
   std::map<std::string, std::string> env;
   const std::vector<std::string> prefixes{"OMPI_", "PMI_", "PMIX_", "MPI_LOCAL", "SLURM_", "HYDRA_", "I_MPI_"};
-  const std::set<std::string> names{"RANK",        "WORLD_SIZE",         "LOCAL_RANK",        "LOCAL_WORLD_SIZE",
-                                    "MASTER_ADDR", "MASTER_PORT",        "GLOO_SOCKET_IFNAME", "SDTRAIN_LAUNCH",
-                                    "TORCHELASTIC_RUN_ID"};
+  const std::set<std::string> names{
+      "RANK",        "WORLD_SIZE",         "LOCAL_RANK",     "LOCAL_WORLD_SIZE",   "MASTER_ADDR",
+      "MASTER_PORT", "GLOO_SOCKET_IFNAME", "SDTRAIN_LAUNCH", "TORCHELASTIC_RUN_ID"};
   for (char** e = environ; e && *e; ++e) {
     std::string entry(*e);
     std::string key = entry.substr(0, entry.find('='));
@@ -300,9 +300,9 @@ TEST(DistProcesses, LaunchRejectsBadUse) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("--nproc_per_node must be in 1..1024"), std::string::npos) << r.output;
   // A subcommand that fails in every rank: the launcher names the first and exits with its code.
-  r = sd::test::run_process({sd::test::sdtrain_binary(), "launch", "--nproc_per_node", "2", "--", "dist-check",
-                             "--dist_timeout", "-1"},
-                            seconds(30), clean_env());
+  r = sd::test::run_process(
+      {sd::test::sdtrain_binary(), "launch", "--nproc_per_node", "2", "--", "dist-check", "--dist_timeout", "-1"},
+      seconds(30), clean_env());
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("--dist_timeout must be a positive number"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("sdtrain launch: local rank "), std::string::npos) << r.output;
@@ -316,9 +316,9 @@ TEST(DistProcesses, HelpShowsEveryFlagWithItsDefault) {
     EXPECT_NE(launch.output.find(s), std::string::npos) << s << "\n" << launch.output;
   auto check = sd::test::run_process({sd::test::sdtrain_binary(), "dist-check", "--help"}, seconds(30));
   EXPECT_EQ(check.exit_code, 0);
-  for (const char* s : {"--dist_timeout,--dist-timeout FLOAT=300", "--dist_iface,--dist-iface TEXT", "--threads INT=0",
-                        "--size_mb,--size-mb FLOAT=1",
-                        "Test-only", "--die_after_ms INT=-1", "--hang", "--fault_rank INT=-1"})
+  for (const char* s :
+       {"--dist_timeout,--dist-timeout FLOAT=300", "--dist_iface,--dist-iface TEXT", "--threads INT=0",
+        "--size_mb,--size-mb FLOAT=1", "Test-only", "--die_after_ms INT=-1", "--hang", "--fault_rank INT=-1"})
     EXPECT_NE(check.output.find(s), std::string::npos) << s << "\n" << check.output;
 }
 

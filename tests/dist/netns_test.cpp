@@ -16,8 +16,8 @@ namespace sd::dist {
 namespace {
 
 using json = nlohmann::json;
-using std::chrono::seconds;
 using sd::test::Process;
+using std::chrono::seconds;
 
 bool run_ip(const std::vector<std::string>& args, std::string* output = nullptr) {
   std::vector<std::string> argv{"ip"};
@@ -266,9 +266,8 @@ TEST_F(NetnsMachines, OpenMpiThroughAnAgent) {
       {"mpirun.openmpi", "--allow-run-as-root", "--mca", "plm_rsh_agent", agent.string(), "--mca",
        "plm_rsh_no_tree_spawn", "1",
        // Open MPI's daemons reach mpirun over the bridge's subnet.
-       "--mca", "oob_tcp_if_include", subnet, "-H", host_list, "-n", "3", "-x",
-       "MASTER_ADDR=" + machines_->address(0), "-x", "MASTER_PORT=" + std::to_string(port),
-       sd::test::sdtrain_binary(), "dist-check", "--dist_timeout", "30"},
+       "--mca", "oob_tcp_if_include", subnet, "-H", host_list, "-n", "3", "-x", "MASTER_ADDR=" + machines_->address(0),
+       "-x", "MASTER_PORT=" + std::to_string(port), sd::test::sdtrain_binary(), "dist-check", "--dist_timeout", "30"},
       seconds(90), clean_env());
   ASSERT_FALSE(r.timed_out) << r.output;
   EXPECT_EQ(r.exit_code, 0) << r.output;

@@ -133,9 +133,12 @@ TEST(DistEnv, HydraHostfileForm) {
 }
 
 TEST(DistEnv, SlurmSrunAcrossNodes) {
-  Env env{{"SLURM_PROCID", "5"},           {"SLURM_NTASKS", "7"},
-          {"SLURM_LOCALID", "1"},          {"SLURM_NODEID", "2"},
-          {"SLURM_STEP_TASKS_PER_NODE", "2(x3),1"}, {"SLURM_JOB_NODELIST", "node[01-03,07],gpu5"},
+  Env env{{"SLURM_PROCID", "5"},
+          {"SLURM_NTASKS", "7"},
+          {"SLURM_LOCALID", "1"},
+          {"SLURM_NODEID", "2"},
+          {"SLURM_STEP_TASKS_PER_NODE", "2(x3),1"},
+          {"SLURM_JOB_NODELIST", "node[01-03,07],gpu5"},
           {"SLURM_NTASKS_PER_NODE", "9"}};
   DistEnv d = detect_dist_env(env);
   EXPECT_EQ(d.rank, 5);
@@ -178,9 +181,12 @@ TEST(DistEnv, SlurmOnOneNodeUsesLoopback) {
 
 TEST(DistEnv, InnermostLauncherWins) {
   // mpirun inside an sbatch script: the batch step's SLURM_* variables are inherited.
-  Env env{{"SLURM_PROCID", "0"},         {"SLURM_NTASKS", "1"},
-          {"SLURM_JOB_NODELIST", "n1"},  {"OMPI_COMM_WORLD_RANK", "1"},
-          {"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+  Env env{{"SLURM_PROCID", "0"},
+          {"SLURM_NTASKS", "1"},
+          {"SLURM_JOB_NODELIST", "n1"},
+          {"OMPI_COMM_WORLD_RANK", "1"},
+          {"OMPI_COMM_WORLD_SIZE", "2"},
+          {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
           {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}};
   EXPECT_EQ(detect_dist_env(env).launcher, "openmpi");
   EXPECT_EQ(detect_dist_env(env).rank, 1);
@@ -201,11 +207,9 @@ TEST(DistEnv, MalformedValuesNameTheVariable) {
   expect_error(Env{{"MASTER_PORT", "12x"}}, {"MASTER_PORT='12x'"});
   expect_error(Env{{"PMI_RANK", "0"}, {"PMI_SIZE", "2"}, {"MPI_LOCALRANKID", "3"}, {"MPI_LOCALNRANKS", "2"}},
                {"local rank 3"});
-  expect_error(Env{{"SLURM_PROCID", "0"},
-                   {"SLURM_NTASKS", "4"},
-                   {"SLURM_NODEID", "5"},
-                   {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"}},
-               {"SLURM_STEP_TASKS_PER_NODE", "SLURM_NODEID=5"});
+  expect_error(
+      Env{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"SLURM_NODEID", "5"}, {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"}},
+      {"SLURM_STEP_TASKS_PER_NODE", "SLURM_NODEID=5"});
 }
 
 TEST(SlurmNodelist, ExpandsRangesListsAndPadding) {
@@ -235,7 +239,8 @@ TEST(SlurmTasksPerNode, ExpandsRepeats) {
   EXPECT_EQ(expand_slurm_tasks_per_node("2(x3),1"), (std::vector<int>{2, 2, 2, 1}));
   EXPECT_EQ(expand_slurm_tasks_per_node("4"), (std::vector<int>{4}));
   EXPECT_EQ(expand_slurm_tasks_per_node("1,3(x2)"), (std::vector<int>{1, 3, 3}));
-  for (const char* bad : {"", "2(x)", "2(3)", "x", "2(x0)"}) EXPECT_THROW(expand_slurm_tasks_per_node(bad), Error) << bad;
+  for (const char* bad : {"", "2(x)", "2(3)", "x", "2(x0)"})
+    EXPECT_THROW(expand_slurm_tasks_per_node(bad), Error) << bad;
 }
 
 TEST(ThreadsForRank, FlagElseAffinityCoresPerLocalRank) {

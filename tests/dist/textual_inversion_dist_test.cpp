@@ -28,15 +28,25 @@ class TextualInversionDist : public ::testing::Test {
   // The seed deployment's textual_inversion.py flags on the tiny model.
   std::vector<std::string> train(const fs::path& out, int accumulation, int steps,
                                  const std::vector<std::string>& extra = {}) const {
-    std::vector<std::string> args = {sd::test::sdtrain_binary(), "textual-inversion",
+    std::vector<std::string> args = {sd::test::sdtrain_binary(),
+                                     "textual-inversion",
                                      "--pretrained_model_name_or_path=" + (dir_.path() / "model").string(),
                                      "--train_data_dir=" + (dir_.path() / "images").string(),
-                                     "--learnable_property=object", "--placeholder_token=<dicoo>",
-                                     "--initializer_token=toy", "--resolution=32", "--train_batch_size=1", "--seed=7",
+                                     "--learnable_property=object",
+                                     "--placeholder_token=<dicoo>",
+                                     "--initializer_token=toy",
+                                     "--resolution=32",
+                                     "--train_batch_size=1",
+                                     "--seed=7",
                                      "--gradient_accumulation_steps=" + std::to_string(accumulation),
-                                     "--max_train_steps=" + std::to_string(steps), "--learning_rate=2.0e-03",
-                                     "--scale_lr", "--lr_scheduler=constant", "--lr_warmup_steps=0",
-                                     "--output_dir=" + out.string(), "--threads=1", "--dist_timeout=30"};
+                                     "--max_train_steps=" + std::to_string(steps),
+                                     "--learning_rate=2.0e-03",
+                                     "--scale_lr",
+                                     "--lr_scheduler=constant",
+                                     "--lr_warmup_steps=0",
+                                     "--output_dir=" + out.string(),
+                                     "--threads=1",
+                                     "--dist_timeout=30"};
     args.insert(args.end(), extra.begin(), extra.end());
     return args;
   }
@@ -70,10 +80,10 @@ TEST_F(TextualInversionDist, TwoAndThreeRanksMatchOneRankWithAccumulation) {
     auto b = sd::test::run_process(launch(ranks, train(multi, 1, 4)), 120s);
     ASSERT_EQ(b.exit_code, 0) << b.output;
     EXPECT_TRUE(sd::test::close_rel_max(learned(multi), learned(single), kReductionTolerance)) << ranks << " ranks";
-    EXPECT_FALSE(at::equal(learned(single), io::load_safetensors(dir_.path() / "model" / "text_encoder" /
-                                                                 "model.safetensors")
-                                                .at("text_model.embeddings.token_embedding.weight")
-                                                .narrow(0, 5988, 1)))
+    EXPECT_FALSE(
+        at::equal(learned(single), io::load_safetensors(dir_.path() / "model" / "text_encoder" / "model.safetensors")
+                                       .at("text_model.embeddings.token_embedding.weight")
+                                       .narrow(0, 5988, 1)))
         << "training moved the embedding away from the initializer";
   }
 }
@@ -83,8 +93,9 @@ TEST_F(TextualInversionDist, SeedDeploymentHydraCommandLine) {
   const fs::path hosts = dir_.path() / "hosts";
   std::ofstream(hosts) << "localhost\n";
   // A free port: the default 29500 could meet another test's job under ctest -j.
-  std::vector<std::string> args = {"mpirun.mpich", "-f", hosts.string(), "-n", "2", "-ppn", "2",
-                                   "-genv", "MASTER_PORT", std::to_string(sd::test::free_port())};
+  std::vector<std::string> args = {
+      "mpirun.mpich", "-f", hosts.string(), "-n",          "2",
+      "-ppn",         "2",  "-genv",        "MASTER_PORT", std::to_string(sd::test::free_port())};
   auto command = train(dir_.path() / "hydra", 1, 3);
   args.insert(args.end(), command.begin(), command.end());
   auto r = sd::test::run_process(args, 120s);
@@ -97,8 +108,13 @@ TEST_F(TextualInversionDist, SeedDeploymentHydraCommandLine) {
 
 TEST_F(TextualInversionDist, OpenMpiRuns) {
   if (!sd::test::have_program("mpirun.openmpi")) GTEST_SKIP() << "mpirun.openmpi not installed (Debian: openmpi-bin)";
-  std::vector<std::string> args = {"mpirun.openmpi", "--allow-run-as-root", "--oversubscribe", "-n", "2",
-                                   "-x", "MASTER_PORT=" + std::to_string(sd::test::free_port())};
+  std::vector<std::string> args = {"mpirun.openmpi",
+                                   "--allow-run-as-root",
+                                   "--oversubscribe",
+                                   "-n",
+                                   "2",
+                                   "-x",
+                                   "MASTER_PORT=" + std::to_string(sd::test::free_port())};
   auto command = train(dir_.path() / "ompi", 1, 2);
   args.insert(args.end(), command.begin(), command.end());
   auto r = sd::test::run_process(args, 120s);
@@ -111,11 +127,14 @@ TEST_F(TextualInversionDist, KilledRankEndsTheOthersNamingIt) {
   const int port = sd::test::free_port();
   std::vector<std::unique_ptr<sd::test::Process>> ranks;
   for (int r = 0; r < 2; ++r)
-    ranks.push_back(std::make_unique<sd::test::Process>(
-        train(out, 1, 100000, {"--dist_timeout=20"}),
-        std::map<std::string, std::string>{{"RANK", std::to_string(r)}, {"WORLD_SIZE", "2"},
-                                           {"LOCAL_RANK", std::to_string(r)}, {"LOCAL_WORLD_SIZE", "2"},
-                                           {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)}}));
+    ranks.push_back(
+        std::make_unique<sd::test::Process>(train(out, 1, 100000, {"--dist_timeout=20"}),
+                                            std::map<std::string, std::string>{{"RANK", std::to_string(r)},
+                                                                               {"WORLD_SIZE", "2"},
+                                                                               {"LOCAL_RANK", std::to_string(r)},
+                                                                               {"LOCAL_WORLD_SIZE", "2"},
+                                                                               {"MASTER_ADDR", "127.0.0.1"},
+                                                                               {"MASTER_PORT", std::to_string(port)}}));
   // Wait until training runs (metrics appear), then kill rank 1 outright.
   const auto deadline = std::chrono::steady_clock::now() + 60s;
   while (!fs::exists(out / "logs" / "metrics.jsonl") && std::chrono::steady_clock::now() < deadline)
@@ -143,8 +162,8 @@ TEST_F(TextualInversionDist, SigtermWritesACheckpointThatResumes) {
     if (e.path().filename().string().rfind("checkpoint-", 0) == 0) checkpoints.push_back(e.path());
   ASSERT_EQ(checkpoints.size(), 1u) << run.output();
   const int stopped_at = std::stoi(checkpoints[0].filename().string().substr(11));
-  auto resumed = sd::test::run_process(
-      launch(2, train(out, 1, stopped_at + 2, {"--resume_from_checkpoint=latest"})), 120s);
+  auto resumed =
+      sd::test::run_process(launch(2, train(out, 1, stopped_at + 2, {"--resume_from_checkpoint=latest"})), 120s);
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_NE(resumed.output.find("resuming from"), std::string::npos) << resumed.output;
   EXPECT_TRUE(fs::exists(out / "learned_embeds.safetensors"));

@@ -62,8 +62,8 @@ TEST_P(GenerateGolden, BinaryReproducesDiffusers) {
   if (!scheduler.empty()) args += " --scheduler " + scheduler;
   auto r = generate(args);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_EQ(lines_of(r.output), (std::vector<std::string>{(out / "p0-s42-i0.png").string(),
-                                                          (out / "grid.png").string(), raw.string()}));
+  EXPECT_EQ(lines_of(r.output),
+            (std::vector<std::string>{(out / "p0-s42-i0.png").string(), (out / "grid.png").string(), raw.string()}));
   io::SafeTensorsFile file(raw);
   EXPECT_EQ(file.names(), std::vector<std::string>{"images"});
   const at::Tensor images = file.read("images");
@@ -127,9 +127,9 @@ TEST(Generate, EmbeddingsAreUsedByPrompts) {
   sd::test::TempDir dir;
   const auto emb = sd::test::golden("tiny-sd1/learned_embeds.safetensors");
   const fs::path raw = dir.path() / "raw.safetensors";
-  auto r = generate("--model " + tiny() + " --prompt " + quote("a <dicoo> toy") + " --embeddings " +
-                    quote(emb.string()) + " --num_inference_steps 2 --seed 3 --threads 1 --output_dir '' --save_raw " +
-                    quote(raw.string()));
+  auto r =
+      generate("--model " + tiny() + " --prompt " + quote("a <dicoo> toy") + " --embeddings " + quote(emb.string()) +
+               " --num_inference_steps 2 --seed 3 --threads 1 --output_dir '' --save_raw " + quote(raw.string()));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const at::Tensor from_binary = io::load_safetensors(raw).at("images");
 
@@ -140,8 +140,7 @@ TEST(Generate, EmbeddingsAreUsedByPrompts) {
   o.seed = 3;
   auto scheduler = schedulers::make_scheduler(pipe.scheduler_config);
   const at::Tensor without = pipeline::txt2img(pipe, *scheduler, o).images;
-  pipeline::load_textual_inversion(pipe.tokenizer, pipe.text_encoder, pipeline::load_embedding_file(emb),
-                                   emb.string());
+  pipeline::load_textual_inversion(pipe.tokenizer, pipe.text_encoder, pipeline::load_embedding_file(emb), emb.string());
   const at::Tensor with = pipeline::txt2img(pipe, *scheduler, o).images;
   EXPECT_TRUE(matches_golden("binary vs library with embedding", from_binary, with, 1e-5));
   EXPECT_GT((with - without).abs().max().item<double>(), 1e-3);

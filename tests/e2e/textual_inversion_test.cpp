@@ -47,10 +47,11 @@ class TextualInversionE2E : public ::testing::Test {
 sd::test::TempDir* TextualInversionE2E::dir_ = nullptr;
 
 TEST_F(TextualInversionE2E, TrainsAndWritesEveryOutput) {
-  auto r = run_command(sdtrain(train_args(out_.path(), "--max_train_steps=4 --save_steps=2 --checkpointing_steps=2 "
-                                                       "--checkpoints_total_limit=1 --save_as_full_pipeline "
-                                                       "--validation_prompt='a photo of <dicoo>' --validation_steps=4 "
-                                                       "--num_validation_images=2")));
+  auto r = run_command(sdtrain(train_args(out_.path(),
+                                          "--max_train_steps=4 --save_steps=2 --checkpointing_steps=2 "
+                                          "--checkpoints_total_limit=1 --save_as_full_pipeline "
+                                          "--validation_prompt='a photo of <dicoo>' --validation_steps=4 "
+                                          "--num_validation_images=2")));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const fs::path out = out_.path();
   io::SafeTensorsFile embeds(out / "learned_embeds.safetensors");
@@ -91,10 +92,12 @@ TEST_F(TextualInversionE2E, TrainsAndWritesEveryOutput) {
   auto with_embeds = run_command(sdtrain("generate --model " + model().string() + " --embeddings " +
                                          (out / "learned_embeds.safetensors").string() +
                                          " --prompt 'a <dicoo> on a table' --num_inference_steps 3 --height 32"
-                                         " --width 32 --seed 3 --threads 1 --output_dir " + (out / "gen").string()));
+                                         " --width 32 --seed 3 --threads 1 --output_dir " +
+                                         (out / "gen").string()));
   ASSERT_EQ(with_embeds.exit_code, 0) << with_embeds.output;
   EXPECT_TRUE(fs::exists(out / "gen" / "p0-s3-i0.png")) << with_embeds.output;
-  auto full = run_command(sdtrain("generate --model " + out.string() + " --prompt 'a <dicoo> on a table'"
+  auto full = run_command(sdtrain("generate --model " + out.string() +
+                                  " --prompt 'a <dicoo> on a table'"
                                   " --num_inference_steps 3 --height 32 --width 32 --seed 3 --threads 1 --output_dir " +
                                   (out / "gen-full").string()));
   ASSERT_EQ(full.exit_code, 0) << full.output;
@@ -106,18 +109,22 @@ TEST_F(TextualInversionE2E, ResumeFromLatestIsBitIdenticalToAnUninterruptedRun) 
   const fs::path whole = out_.path() / "whole", split = out_.path() / "split";
   auto a = run_command(sdtrain(train_args(whole, "--max_train_steps=6 --gradient_accumulation_steps=2")));
   ASSERT_EQ(a.exit_code, 0) << a.output;
-  auto b1 = run_command(sdtrain(train_args(split, "--max_train_steps=3 --checkpointing_steps=3 --gradient_accumulation_steps=2")));
+  auto b1 = run_command(
+      sdtrain(train_args(split, "--max_train_steps=3 --checkpointing_steps=3 --gradient_accumulation_steps=2")));
   ASSERT_EQ(b1.exit_code, 0) << b1.output;
-  auto b2 = run_command(sdtrain(train_args(split, "--max_train_steps=6 --gradient_accumulation_steps=2 "
-                                                  "--resume_from_checkpoint latest")));
+  auto b2 = run_command(sdtrain(train_args(split,
+                                           "--max_train_steps=6 --gradient_accumulation_steps=2 "
+                                           "--resume_from_checkpoint latest")));
   ASSERT_EQ(b2.exit_code, 0) << b2.output;
   EXPECT_NE(b2.output.find("resuming from"), std::string::npos) << b2.output;
-  EXPECT_EQ(io::read_text_file(whole / "learned_embeds.safetensors"), io::read_text_file(split / "learned_embeds.safetensors"));
+  EXPECT_EQ(io::read_text_file(whole / "learned_embeds.safetensors"),
+            io::read_text_file(split / "learned_embeds.safetensors"));
 }
 
 TEST_F(TextualInversionE2E, MultiVectorStyle) {
-  auto r = run_command(sdtrain(train_args(out_.path(), "--max_train_steps=2 --num_vectors=3 --learnable_property=style "
-                                                       "--mixed_precision=bf16")));
+  auto r = run_command(sdtrain(train_args(out_.path(),
+                                          "--max_train_steps=2 --num_vectors=3 --learnable_property=style "
+                                          "--mixed_precision=bf16")));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   io::SafeTensorsFile embeds(out_.path() / "learned_embeds.safetensors");
   EXPECT_EQ(embeds.entry("<dicoo>").shape, (std::vector<int64_t>{3, 32}));
@@ -134,12 +141,13 @@ TEST_F(TextualInversionE2E, NoSafeSerializationWritesTorchSaveFiles) {
 }
 
 TEST_F(TextualInversionE2E, PythonOnlyFlagsAreAcceptedWithANote) {
-  auto r = run_command(sdtrain(train_args(out_.path(), "--max_train_steps=1 --push_to_hub --hub_token=abc "
-                                                       "--enable_xformers_memory_efficient_attention --allow_tf32 "
-                                                       "--revision=main --mixed_precision=fp16")));
+  auto r = run_command(sdtrain(train_args(out_.path(),
+                                          "--max_train_steps=1 --push_to_hub --hub_token=abc "
+                                          "--enable_xformers_memory_efficient_attention --allow_tf32 "
+                                          "--revision=main --mixed_precision=fp16")));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  for (const char* flag : {"--push_to_hub", "--hub_token", "--enable_xformers_memory_efficient_attention",
-                           "--allow_tf32", "--revision"})
+  for (const char* flag :
+       {"--push_to_hub", "--hub_token", "--enable_xformers_memory_efficient_attention", "--allow_tf32", "--revision"})
     EXPECT_NE(r.output.find(std::string("sdtrain: note: ") + flag), std::string::npos) << flag << "\n" << r.output;
   EXPECT_NE(r.output.find("--mixed_precision fp16: CPUs have no fast float16 kernels"), std::string::npos) << r.output;
 }

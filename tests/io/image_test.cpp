@@ -85,9 +85,7 @@ TEST(Image, CorruptFileIsAnErrorNamingIt) {
   }
 }
 
-TEST(Image, MissingFile) {
-  EXPECT_THROW(load_image_rgb("/nonexistent/a.png"), Error);
-}
+TEST(Image, MissingFile) { EXPECT_THROW(load_image_rgb("/nonexistent/a.png"), Error); }
 
 }  // namespace
 }  // namespace sd::io

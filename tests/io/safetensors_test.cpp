@@ -72,8 +72,7 @@ TEST(SafeTensors, ReadsGoldenFiles) {
 }
 
 TEST(SafeTensors, MissingFile) {
-  EXPECT_NE(error_of("/nonexistent/x.safetensors").find("/nonexistent/x.safetensors: cannot open"),
-            std::string::npos);
+  EXPECT_NE(error_of("/nonexistent/x.safetensors").find("/nonexistent/x.safetensors: cannot open"), std::string::npos);
 }
 
 TEST(SafeTensors, TooShortForHeaderLength) {
@@ -152,18 +151,20 @@ TEST(SafeTensors, ShapeDoesNotMatchByteLength) {
 TEST(SafeTensors, OverlappingTensors) {
   TempDir dir;
   auto path = dir.path() / "a.safetensors";
-  write_raw(path,
-            R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
-            12);
+  write_raw(
+      path,
+      R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+      12);
   EXPECT_NE(error_of(path).find("tensor 'b' starts at byte 4 but the previous tensor ends at 8"), std::string::npos);
 }
 
 TEST(SafeTensors, GapBetweenTensors) {
   TempDir dir;
   auto path = dir.path() / "a.safetensors";
-  write_raw(path,
-            R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
-            12);
+  write_raw(
+      path,
+      R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
+      12);
   EXPECT_NE(error_of(path).find("contiguous and non-overlapping"), std::string::npos);
 }
 

@@ -51,7 +51,8 @@ TEST(ScaledAttention, UpcastComputesScoresAndSoftmaxInFloat32) {
   EXPECT_LE(sd::test::rel_l2(softmax_only, ref), 3e-2);
   // float32 inputs: upcasting is a no-op.
   at::Tensor qf = q.to(at::kFloat), kf = k.to(at::kFloat), vf = v.to(at::kFloat);
-  EXPECT_TRUE(at::equal(scaled_attention(qf, kf, vf, 0.25, true, true), scaled_attention(qf, kf, vf, 0.25, false, false)));
+  EXPECT_TRUE(
+      at::equal(scaled_attention(qf, kf, vf, 0.25, true, true), scaled_attention(qf, kf, vf, 0.25, false, false)));
 }
 
 TEST(ScaledAttention, Float32InferenceSplitPerHeadIsIdenticalToTheBatchedPath) {
@@ -125,8 +126,8 @@ TEST(Upsample2D, NearestDoublingOrExplicitSize) {
   up->conv->weight[0][0][1][1] = 1.0;  // identity conv
   at::Tensor x = at::arange(4, at::kFloat).reshape({1, 1, 2, 2});
   EXPECT_TRUE(at::equal(up->forward(x)[0][0], at::tensor({0.0f, 0.0f, 1.0f, 1.0f, 0.0f, 0.0f, 1.0f, 1.0f, 2.0f, 2.0f,
-                                                         3.0f, 3.0f, 2.0f, 2.0f, 3.0f, 3.0f})
-                                                   .reshape({4, 4})));
+                                                          3.0f, 3.0f, 2.0f, 2.0f, 3.0f, 3.0f})
+                                                  .reshape({4, 4})));
   EXPECT_EQ(up->forward(x, std::vector<int64_t>{3, 5}).sizes(), (std::vector<int64_t>{1, 1, 3, 5}));
 }
 

@@ -83,11 +83,9 @@ TEST(UNetConfig, EveryFixtureKeyIsKnown) {
 TEST(UNetConfig, WrongTypedKeyNamesFileAndKey) {
   const json base = read_json(fixtures() / "tiny-sd1" / "unet" / "config.json");
   const std::vector<std::pair<std::string, json>> cases = {
-      {"layers_per_block", "two"},           {"use_linear_projection", 1},
-      {"attention_head_dim", json({8, "x"})}, {"block_out_channels", 32},
-      {"norm_eps", "1e-5"},                  {"only_cross_attention", "no"},
-      {"sample_size", 1.5},                  {"class_embed_type", 3},
-      {"cross_attention_dim", json::object()}};
+      {"layers_per_block", "two"}, {"use_linear_projection", 1}, {"attention_head_dim", json({8, "x"})},
+      {"block_out_channels", 32},  {"norm_eps", "1e-5"},         {"only_cross_attention", "no"},
+      {"sample_size", 1.5},        {"class_embed_type", 3},      {"cross_attention_dim", json::object()}};
   for (const auto& [key, value] : cases) {
     TempDir dir;
     json j = base;

@@ -50,8 +50,7 @@ inline std::string error_message(const std::function<void()>& fn) {
 // Copies fixtures()/<pipeline>/<component>/config.json into `dir` and writes the component's weights, passed
 // through `edit`, as diffusion_pytorch_model.safetensors there.
 inline void write_edited_component(const std::filesystem::path& dir, const std::string& pipeline,
-                                   const std::string& component,
-                                   const std::function<void(io::TensorMap&)>& edit) {
+                                   const std::string& component, const std::function<void(io::TensorMap&)>& edit) {
   const auto src = fixtures() / pipeline / component;
   std::filesystem::create_directories(dir);
   std::filesystem::copy_file(src / "config.json", dir / "config.json",

@@ -260,9 +260,10 @@ TEST(UNetLoading, RejectsInputsThatDoNotFit) {
   auto t = at::tensor({1, 2});
   EXPECT_NE(error_message([&] { unet->forward(at::zeros({2, 3, 8, 8}), t, at::zeros({2, 77, 32})); }), "");
   EXPECT_NE(error_message([&] { unet->forward(at::zeros({2, 4, 8, 8}), t, at::zeros({2, 77, 64})); }), "");
-  EXPECT_NE(error_message([&] { unet->forward(at::zeros({2, 4, 8, 8}, at::kDouble), t, at::zeros({2, 77, 32})); }),
-            "");
-  EXPECT_NE(error_message([&] { unet->forward(at::zeros({2, 4, 8, 8}), t, at::zeros({2, 77, 32}, at::kBFloat16)); }),
+  EXPECT_NE(error_message([&] { unet->forward(at::zeros({2, 4, 8, 8}, at::kDouble), t, at::zeros({2, 77, 32})); }), "");
+  EXPECT_NE(error_message([&] {
+              unet->forward(at::zeros({2, 4, 8, 8}), t, at::zeros({2, 77, 32}, at::kBFloat16));
+            }),
             "");
 }
 

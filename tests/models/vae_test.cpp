@@ -26,8 +26,8 @@ void check_vae_golden(const std::string& pipeline) {
   EXPECT_TRUE(matches_golden(pipeline + " encode.logvar", dist.logvar, g.at("encode.logvar"), 1e-4));
   EXPECT_TRUE(matches_golden(pipeline + " encode.std", dist.std, g.at("encode.std"), 1e-4));
   EXPECT_TRUE(at::allclose(dist.var, dist.std * dist.std, 1e-5, 0));
-  EXPECT_TRUE(matches_golden(pipeline + " decode.sample", vae->decode(g.at("input.latents")), g.at("decode.sample"),
-                             1e-4));
+  EXPECT_TRUE(
+      matches_golden(pipeline + " decode.sample", vae->decode(g.at("input.latents")), g.at("decode.sample"), 1e-4));
 }
 
 TEST(VaeGolden, TinySd1MatchesDiffusers) { check_vae_golden("tiny-sd1"); }

@@ -48,7 +48,8 @@ TEST(TextualInversionEmbeddings, MultiVectorBecomesTokenToken1Token2) {
             "a <multi> <multi>_1 <multi>_2 on a <multi> <multi>_1 <multi>_2");
   EXPECT_EQ(maybe_convert_prompt("a plain prompt", pipe.tokenizer), "a plain prompt");
   const std::vector<int64_t> ids = pipe.tokenizer.encode(maybe_convert_prompt("<multi>", pipe.tokenizer));
-  EXPECT_EQ(std::vector<int64_t>(ids.begin(), ids.begin() + 5), (std::vector<int64_t>{49406, 49408, 49409, 49410, 49407}));
+  EXPECT_EQ(std::vector<int64_t>(ids.begin(), ids.begin() + 5),
+            (std::vector<int64_t>{49406, 49408, 49409, 49410, 49407}));
   const at::Tensor& weight = pipe.text_encoder->token_embedding()->weight;
   EXPECT_EQ(weight.size(0), 49411);
   EXPECT_TRUE(at::equal(weight.narrow(0, 49408, 3), vectors));
@@ -70,8 +71,9 @@ TEST(TextualInversionEmbeddings, RefusalsNameTheFileAndChangeNothing) {
   StableDiffusion pipe = load_tiny();
   const size_t vocab = pipe.tokenizer.size();
   auto attempt = [&](const std::string& token, const at::Tensor& vectors) {
-    return error_message(
-        [&] { load_textual_inversion(pipe.tokenizer, pipe.text_encoder, {token, vectors}, "emb.safetensors"); });
+    return error_message([&] {
+      load_textual_inversion(pipe.tokenizer, pipe.text_encoder, {token, vectors}, "emb.safetensors");
+    });
   };
   std::string msg = attempt("<wide>", at::zeros({1, 64}));
   EXPECT_NE(msg.find("emb.safetensors: embedding '<wide>' has width 64 but the text encoder's hidden_size is 32"),

@@ -34,7 +34,7 @@ struct GoldenRun {
 };
 
 GoldenRun run_golden_setup(StableDiffusion& pipe, const std::optional<std::string>& scheduler_name,
-                     const at::Tensor& latents) {
+                           const at::Tensor& latents) {
   auto scheduler = schedulers::make_scheduler(pipe.scheduler_config, scheduler_name);
   Txt2ImgOptions o;
   o.prompts = {kPrompt};
@@ -66,8 +66,8 @@ TEST_P(Txt2ImgGolden, MatchesDiffusersStepByStep) {
   GoldenRun run = run_golden_setup(tiny_sd1(), scheduler_name, g.at("input.latents"));
 
   EXPECT_TRUE(at::equal(run.scheduler_timesteps, g.at("scheduler_timesteps")));
-  EXPECT_TRUE(matches_golden("encoder_hidden_states", run.result.encoder_hidden_states,
-                             g.at("encoder_hidden_states"), kTol));
+  EXPECT_TRUE(
+      matches_golden("encoder_hidden_states", run.result.encoder_hidden_states, g.at("encoder_hidden_states"), kTol));
   const auto num_steps = static_cast<size_t>(g.at("scheduler_timesteps").size(0));
   ASSERT_EQ(run.steps.size(), num_steps);
   for (size_t k = 0; k < num_steps; ++k) {
@@ -205,8 +205,9 @@ TEST(Txt2Img, RejectsBadInput) {
   bad = o;
   bad.prompts.clear();
   EXPECT_NE(message(bad).find("no prompt"), std::string::npos);
-  EXPECT_NE(error_message([&] { schedulers::make_scheduler(pipe.scheduler_config, "bogus"); })
-                .find("unknown scheduler \"bogus\""),
+  EXPECT_NE(error_message([&] {
+              schedulers::make_scheduler(pipe.scheduler_config, "bogus");
+            }).find("unknown scheduler \"bogus\""),
             std::string::npos);
 }
 

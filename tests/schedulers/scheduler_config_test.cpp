@@ -29,9 +29,9 @@ SchedulerConfig config_of(const json& j) { return SchedulerConfig::from_json(sd:
 
 // SD's scheduler settings, as the fixtures' base_config.
 json sd_base() {
-  return {{"num_train_timesteps", 1000}, {"beta_start", 0.00085}, {"beta_end", 0.012},
-          {"beta_schedule", "scaled_linear"}, {"steps_offset", 1}, {"clip_sample", false},
-          {"set_alpha_to_one", false}, {"skip_prk_steps", true}};
+  return {{"num_train_timesteps", 1000},      {"beta_start", 0.00085}, {"beta_end", 0.012},
+          {"beta_schedule", "scaled_linear"}, {"steps_offset", 1},     {"clip_sample", false},
+          {"set_alpha_to_one", false},        {"skip_prk_steps", true}};
 }
 
 json with(json j, const json& overrides) {
@@ -128,12 +128,18 @@ TEST(SchedulerConfigFixtures, PythonInfinityAndNaNTokens) {
 }
 
 TEST(SchedulerFactory, NamesAndAliases) {
-  const std::map<std::string, std::string> expected = {
-      {"PNDMScheduler", "PNDMScheduler"}, {"pndm", "PNDMScheduler"}, {"plms", "PNDMScheduler"},
-      {"ddim", "DDIMScheduler"}, {"DDPM", "DDPMScheduler"}, {"euler", "EulerDiscreteScheduler"},
-      {"euler_a", "EulerAncestralDiscreteScheduler"}, {"euler-ancestral", "EulerAncestralDiscreteScheduler"},
-      {"dpm", "DPMSolverMultistepScheduler"}, {"dpmsolver++", "DPMSolverMultistepScheduler"},
-      {"DPM++", "DPMSolverMultistepScheduler"}, {"DPMSolverMultistepScheduler", "DPMSolverMultistepScheduler"}};
+  const std::map<std::string, std::string> expected = {{"PNDMScheduler", "PNDMScheduler"},
+                                                       {"pndm", "PNDMScheduler"},
+                                                       {"plms", "PNDMScheduler"},
+                                                       {"ddim", "DDIMScheduler"},
+                                                       {"DDPM", "DDPMScheduler"},
+                                                       {"euler", "EulerDiscreteScheduler"},
+                                                       {"euler_a", "EulerAncestralDiscreteScheduler"},
+                                                       {"euler-ancestral", "EulerAncestralDiscreteScheduler"},
+                                                       {"dpm", "DPMSolverMultistepScheduler"},
+                                                       {"dpmsolver++", "DPMSolverMultistepScheduler"},
+                                                       {"DPM++", "DPMSolverMultistepScheduler"},
+                                                       {"DPMSolverMultistepScheduler", "DPMSolverMultistepScheduler"}};
   for (const auto& [name, cls] : expected) {
     EXPECT_EQ(canonical_scheduler_name(name), cls) << name;
     EXPECT_EQ(make_scheduler(config_of(sd_base()), name)->class_name(), cls) << name;
@@ -320,15 +326,14 @@ INSTANTIATE_TEST_SUITE_P(
     Samplers, PerfectEpsilonModel,
     ::testing::Values(
         PerfectModelCase{"ddim", json::object()}, PerfectModelCase{"ddim", {{"prediction_type", "v_prediction"}}},
-        PerfectModelCase{"ddim", {{"timestep_spacing", "trailing"}}},
-        PerfectModelCase{"pndm", json::object()}, PerfectModelCase{"pndm", {{"skip_prk_steps", false}}},
+        PerfectModelCase{"ddim", {{"timestep_spacing", "trailing"}}}, PerfectModelCase{"pndm", json::object()},
+        PerfectModelCase{"pndm", {{"skip_prk_steps", false}}},
         // (diffusers' PNDM always steps t -> t - T // n, so only spacings with that stride are exact.)
         PerfectModelCase{"pndm", {{"skip_prk_steps", false}, {"timestep_spacing", "trailing"}}},
         PerfectModelCase{"euler", json::object()}, PerfectModelCase{"euler", {{"prediction_type", "v_prediction"}}},
-        PerfectModelCase{"euler", {{"timestep_spacing", "leading"}}},
-        PerfectModelCase{"dpm", json::object()}, PerfectModelCase{"dpm", {{"prediction_type", "v_prediction"}}},
-        PerfectModelCase{"dpm", {{"solver_order", 3}}}, PerfectModelCase{"dpm", {{"solver_order", 1}}},
-        PerfectModelCase{"dpm", {{"solver_type", "heun"}}},
+        PerfectModelCase{"euler", {{"timestep_spacing", "leading"}}}, PerfectModelCase{"dpm", json::object()},
+        PerfectModelCase{"dpm", {{"prediction_type", "v_prediction"}}}, PerfectModelCase{"dpm", {{"solver_order", 3}}},
+        PerfectModelCase{"dpm", {{"solver_order", 1}}}, PerfectModelCase{"dpm", {{"solver_type", "heun"}}},
         PerfectModelCase{"dpm", {{"algorithm_type", "dpmsolver"}}},
         PerfectModelCase{"dpm", {{"algorithm_type", "dpmsolver"}, {"solver_order", 3}}},
         PerfectModelCase{"dpm", {{"algorithm_type", "dpmsolver"}, {"solver_type", "heun"}}},
@@ -359,8 +364,8 @@ TEST(SchedulerTables, EulerLogLinearAndContinuousTimesteps) {
   EXPECT_NEAR(s[8].item<double>(), sigma_min, 1e-5);
   EXPECT_EQ(s[9].item<double>(), 0.0);
   const at::Tensor log_steps = s.slice(0, 0, 9).log().diff();
-  EXPECT_TRUE(close_rel_max(log_steps, at::full({8}, (std::log(sigma_min) - std::log(sigma_max)) / 8, at::kDouble),
-                            1e-4));
+  EXPECT_TRUE(
+      close_rel_max(log_steps, at::full({8}, (std::log(sigma_min) - std::log(sigma_max)) / 8, at::kDouble), 1e-4));
 
   // timestep_type continuous with v_prediction: the UNet gets 0.25 * log(sigma).
   auto continuous = make_scheduler(
@@ -383,8 +388,7 @@ TEST(SchedulerTables, TrainedBetasAndZeroSnrRescale) {
 
   // Zero terminal SNR: the last alpha_cumprod becomes 0, the first keeps its value.
   for (const auto& name : {"ddim", "ddpm"}) {
-    auto rescaled =
-        make_scheduler(config_of(with(sd_base(), {{"rescale_betas_zero_snr", true}})), std::string(name));
+    auto rescaled = make_scheduler(config_of(with(sd_base(), {{"rescale_betas_zero_snr", true}})), std::string(name));
     const at::Tensor acp = rescaled->alphas_cumprod();
     EXPECT_EQ(acp[-1].item<float>(), 0.0f);
     EXPECT_NEAR(acp[0].item<double>(), reference->alphas_cumprod()[0].item<double>(), 1e-6);

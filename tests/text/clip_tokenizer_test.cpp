@@ -80,7 +80,8 @@ TEST(ClipTokenizer, SpecialTokensAndSizes) {
 }
 
 TEST(ClipTokenizer, RepoVocabularyWithoutConfigUsesClipDefaults) {
-  const ClipTokenizer tok = ClipTokenizer::load(sd::test::fixtures().parent_path().parent_path() / "assets" / "clip-vocab");
+  const ClipTokenizer tok =
+      ClipTokenizer::load(sd::test::fixtures().parent_path().parent_path() / "assets" / "clip-vocab");
   const std::vector<int64_t> ids = tok.encode("a photo of a cat");
   ASSERT_EQ(ids.size(), 77u);
   EXPECT_EQ(std::vector<int64_t>(ids.begin(), ids.begin() + 8),
@@ -102,8 +103,9 @@ TEST(ClipTokenizer, AddedTokensMatchExactlyAndTakeNextIds) {
   EXPECT_EQ(tok.add_token("<cat-toy-2>"), 49409);
   EXPECT_EQ(tok.size(), 49410u);
   // Longest match wins; matching is case-sensitive; no spaces needed around the token.
-  EXPECT_EQ(tok.tokenize("a<cat-toy-2>b <CAT-TOY>"),
-            (std::vector<std::string>{"a</w>", "<cat-toy-2>", "b</w>", "<</w>", "cat</w>", "-</w>", "toy</w>", "></w>"}));
+  EXPECT_EQ(
+      tok.tokenize("a<cat-toy-2>b <CAT-TOY>"),
+      (std::vector<std::string>{"a</w>", "<cat-toy-2>", "b</w>", "<</w>", "cat</w>", "-</w>", "toy</w>", "></w>"}));
   EXPECT_EQ(tok.encode_tokens("a<cat-toy-2>b")[1], 49409);
   EXPECT_EQ(tok.decode(tok.encode("a <cat-toy> on a table")), "a <cat-toy> on a table");
 }
@@ -136,11 +138,15 @@ TEST(ClipTokenizer, SaveLoadRoundTripKeepsAddedTokens) {
   EXPECT_EQ(tok.add_token("<other>"), 49409);
   tok.save(dir.path());
   const json config = json::parse(io::read_text_file(dir.path() / "tokenizer_config.json"));
-  EXPECT_EQ(config["added_tokens_decoder"]["49408"],
-            (json{{"content", "<dicoo>"}, {"lstrip", false}, {"normalized", true}, {"rstrip", false},
-                  {"single_word", false}, {"special", false}}));
+  EXPECT_EQ(config["added_tokens_decoder"]["49408"], (json{{"content", "<dicoo>"},
+                                                           {"lstrip", false},
+                                                           {"normalized", true},
+                                                           {"rstrip", false},
+                                                           {"single_word", false},
+                                                           {"special", false}}));
   EXPECT_EQ(config["added_tokens_decoder"]["0"]["content"], "!");
-  EXPECT_EQ(io::read_text_file(dir.path() / "added_tokens.json"), "{\n  \"<dicoo>\": 49408,\n  \"<other>\": 49409\n}\n");
+  EXPECT_EQ(io::read_text_file(dir.path() / "added_tokens.json"),
+            "{\n  \"<dicoo>\": 49408,\n  \"<other>\": 49409\n}\n");
 
   const ClipTokenizer again = ClipTokenizer::load(dir.path());
   EXPECT_EQ(again.token_to_id("<dicoo>"), 49408);
@@ -207,9 +213,9 @@ TEST(TextFixer, HtmlEntities) {
   EXPECT_EQ(fix_text("P&eacute;rez P&EACUTE;REZ &nTILDE; &Ntilde;"), "Pérez PÉREZ &nTILDE; Ñ");
   EXPECT_EQ(fix_text("&#65;&#x42;&#X43; &#x1F600;"), "ABC 😀");
   EXPECT_EQ(fix_text("&#12ab; &bogus; &#;"), "&#12ab; &bogus; &#;");
-  EXPECT_EQ(fix_text("&amp;amp;"), "&");                        // repeated until stable
+  EXPECT_EQ(fix_text("&amp;amp;"), "&");                            // repeated until stable
   EXPECT_EQ(fix_text("it&rsquo;s &ldquo;x&rdquo;"), "it's \"x\"");  // decoded, then uncurled
-  EXPECT_EQ(fix_text("&#150; &#0;"), "– \uFFFD");                 // Windows-1252 and NUL rules of html.unescape
+  EXPECT_EQ(fix_text("&#150; &#0;"), "– \uFFFD");                   // Windows-1252 and NUL rules of html.unescape
   // A '<' marks the text as HTML: entities stay, from that line on.
   EXPECT_EQ(fix_text("&amp;\n<b> &amp;\n&amp;"), "&\n<b> &amp;\n&amp;");
 }
@@ -221,7 +227,9 @@ TEST(TextFixer, CharacterFixes) {
   EXPECT_EQ(fix_text("\x1b[36;44mblue\x1b[0m\x01\ufeff"), "blue");
   EXPECT_EQ(fix_text("cafe\u0301 \u2018q\u2019 \u201cq\u201d"), "café 'q' \"q\"");
   EXPECT_EQ(fix_text("\u0080\u0093x"), "\u20ac\"x");  // C1 controls read as Windows-1252 (then uncurled)
-  EXPECT_EQ(fix_text("a\xff\xc3" "b"), "a\uFFFD\uFFFDb");  // invalid UTF-8 bytes become U+FFFD
+  EXPECT_EQ(fix_text("a\xff\xc3"
+                     "b"),
+            "a\uFFFD\uFFFDb");  // invalid UTF-8 bytes become U+FFFD
 }
 
 }  // namespace

@@ -27,7 +27,8 @@ TEST(TextualInversionStep, ReplaysTheReferenceSteps) {
   learned.set_requires_grad(true);
   schedulers::DDPMScheduler ddpm(pipe.scheduler_config);
   TextualInversionStep step(pipe.text_encoder, pipe.vae, pipe.unet, ddpm.alphas_cumprod(), "epsilon", placeholder, 1);
-  torch::optim::AdamW adamw({learned}, torch::optim::AdamWOptions(5e-4).betas({0.9, 0.999}).eps(1e-8).weight_decay(1e-2));
+  torch::optim::AdamW adamw({learned},
+                            torch::optim::AdamWOptions(5e-4).betas({0.9, 0.999}).eps(1e-8).weight_decay(1e-2));
 
   at::Tensor before = learned.detach().clone();
   for (int k = 0; k < 4; ++k) {
@@ -50,7 +51,8 @@ TEST(TextualInversionStep, ReplaysTheReferenceSteps) {
     EXPECT_TRUE(close_rel_max(learned.grad()[0], at_step("placeholder_grad"), 1e-3)) << k;
     adamw.step();
     EXPECT_TRUE(close_rel_max(learned.detach()[0], at_step("placeholder_row_after"), 1e-5)) << k;
-    EXPECT_TRUE(close_rel_max(learned.detach()[0] - before[0], at_step("placeholder_row_after") - before[0], 1e-3)) << k;
+    EXPECT_TRUE(close_rel_max(learned.detach()[0] - before[0], at_step("placeholder_row_after") - before[0], 1e-3))
+        << k;
     before = at_step("placeholder_row_after").unsqueeze(0);
   }
 }

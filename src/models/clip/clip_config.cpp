@@ -11,12 +11,27 @@ namespace {
 const std::set<std::string> kActivations = {"quick_gelu", "gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu"};
 
 // Keys the struct holds, plus the ones transformers regenerates on save (never copied into `extra`).
-const std::set<std::string> kKnownKeys = {
-    "vocab_size",          "hidden_size",      "intermediate_size",  "projection_dim", "num_hidden_layers",
-    "num_attention_heads", "max_position_embeddings", "hidden_act", "layer_norm_eps", "attention_dropout",
-    "initializer_range",   "initializer_factor", "pad_token_id",     "bos_token_id",   "eos_token_id",
-    "architectures",       "torch_dtype",      "transformers_version", "model_type",  "_name_or_path",
-    "_commit_hash"};
+const std::set<std::string> kKnownKeys = {"vocab_size",
+                                          "hidden_size",
+                                          "intermediate_size",
+                                          "projection_dim",
+                                          "num_hidden_layers",
+                                          "num_attention_heads",
+                                          "max_position_embeddings",
+                                          "hidden_act",
+                                          "layer_norm_eps",
+                                          "attention_dropout",
+                                          "initializer_range",
+                                          "initializer_factor",
+                                          "pad_token_id",
+                                          "bos_token_id",
+                                          "eos_token_id",
+                                          "architectures",
+                                          "torch_dtype",
+                                          "transformers_version",
+                                          "model_type",
+                                          "_name_or_path",
+                                          "_commit_hash"};
 
 }  // namespace
 

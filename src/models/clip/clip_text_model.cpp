@@ -42,11 +42,11 @@ at::Tensor ClipAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cau
   const at::Tensor q = heads(q_proj->forward(x) * scale_);
   const at::Tensor k = heads(k_proj->forward(x));
   const at::Tensor v = heads(v_proj->forward(x));
-  at::Tensor weights = at::bmm(q, k.transpose(1, 2));                                   // [B*H, S, S]
+  at::Tensor weights = at::bmm(q, k.transpose(1, 2));  // [B*H, S, S]
   weights = (weights.view({b, heads_, s, s}) + causal_mask).view({b * heads_, s, s});
   weights = at::softmax(weights, -1);
   if (dropout_ > 0 && is_training()) weights = at::dropout(weights, dropout_, /*train=*/true);
-  at::Tensor out = at::bmm(weights, v);                                                  // [B*H, S, hd]
+  at::Tensor out = at::bmm(weights, v);  // [B*H, S, hd]
   out = out.view({b, heads_, s, head_dim_}).transpose(1, 2).reshape({b, s, d});
   return out_proj->forward(out);
 }
@@ -126,8 +126,8 @@ ClipTextOutput ClipTextModelImpl::forward(const at::Tensor& input_ids, const at:
   out.hidden_states.push_back(h);
   // Additive causal mask in the hidden dtype, as transformers' _create_4d_causal_attention_mask: the dtype's most
   // negative value strictly above the diagonal.
-  const double neg = h.scalar_type() == at::kDouble ? std::numeric_limits<double>::lowest()
-                     : h.scalar_type() == at::kHalf ? -65504.0
+  const double neg = h.scalar_type() == at::kDouble     ? std::numeric_limits<double>::lowest()
+                     : h.scalar_type() == at::kHalf     ? -65504.0
                      : h.scalar_type() == at::kBFloat16 ? -3.3895313892515355e38
                                                         : static_cast<double>(std::numeric_limits<float>::lowest());
   const at::Tensor mask = at::full({s, s}, neg, h.options()).triu(1);
@@ -140,7 +140,8 @@ ClipTextOutput ClipTextModelImpl::forward(const at::Tensor& input_ids, const at:
   // Pooled output: legacy configs (eos_token_id == 2) take the row of the largest id, which is eos for
   // unextended vocabularies; newer ones the first position of eos_token_id.
   const at::Tensor ids32 = ids.to(at::kInt);
-  const at::Tensor pos = config_.eos_token_id == 2 ? ids32.argmax(-1) : (ids32 == config_.eos_token_id).to(at::kInt).argmax(-1);
+  const at::Tensor pos =
+      config_.eos_token_id == 2 ? ids32.argmax(-1) : (ids32 == config_.eos_token_id).to(at::kInt).argmax(-1);
   const at::Tensor rows = at::arange(b, pos.options()) * s + pos;  // [B] flat indices into [B*S]
   out.pooler_output = out.last_hidden_state.reshape({b * s, -1}).index_select(0, rows);
   return out;

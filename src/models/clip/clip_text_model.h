@@ -87,9 +87,9 @@ class ClipTextTransformerImpl : public torch::nn::Module {
 TORCH_MODULE(ClipTextTransformer);
 
 struct ClipTextOutput {
-  at::Tensor last_hidden_state;            // [B, S, D], after final_layer_norm
-  at::Tensor pooler_output;                // [B, D], last_hidden_state at the eos position
-  std::vector<at::Tensor> hidden_states;   // L+1 tensors [B, S, D]: embeddings, then each layer's output
+  at::Tensor last_hidden_state;           // [B, S, D], after final_layer_norm
+  at::Tensor pooler_output;               // [B, D], last_hidden_state at the eos position
+  std::vector<at::Tensor> hidden_states;  // L+1 tensors [B, S, D]: embeddings, then each layer's output
 };
 
 class ClipTextModelImpl : public torch::nn::Module {

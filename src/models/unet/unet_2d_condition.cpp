@@ -26,8 +26,7 @@ at::Tensor timestep_embedding(const at::Tensor& timesteps, int64_t dim, bool fli
   return emb;
 }
 
-TimestepEmbeddingImpl::TimestepEmbeddingImpl(int64_t in_channels, int64_t time_embed_dim, Activation act)
-    : act_(act) {
+TimestepEmbeddingImpl::TimestepEmbeddingImpl(int64_t in_channels, int64_t time_embed_dim, Activation act) : act_(act) {
   linear_1 = register_module("linear_1", nn::Linear(in_channels, time_embed_dim));
   linear_2 = register_module("linear_2", nn::Linear(time_embed_dim, time_embed_dim));
 }
@@ -46,8 +45,9 @@ UNet2DConditionModelImpl::UNet2DConditionModelImpl(UNetConfig config) : config_(
   const auto& channels = c.block_out_channels;
   const int64_t time_dim = c.time_embed_dim();
 
-  conv_in = register_module("conv_in", nn::Conv2d(nn::Conv2dOptions(c.in_channels, channels[0], c.conv_in_kernel)
-                                                      .padding((c.conv_in_kernel - 1) / 2)));
+  conv_in = register_module(
+      "conv_in",
+      nn::Conv2d(nn::Conv2dOptions(c.in_channels, channels[0], c.conv_in_kernel).padding((c.conv_in_kernel - 1) / 2)));
   time_embedding = register_module("time_embedding", TimestepEmbedding(channels[0], time_dim, act_));
 
   ResnetSettings resnet;
@@ -107,10 +107,12 @@ UNet2DConditionModelImpl::UNet2DConditionModelImpl(UNetConfig config) : config_(
   }
   register_module("up_blocks", up_blocks);
 
-  conv_norm_out = register_module(
-      "conv_norm_out", nn::GroupNorm(nn::GroupNormOptions(*c.norm_num_groups, channels[0]).eps(c.norm_eps)));
-  conv_out = register_module("conv_out", nn::Conv2d(nn::Conv2dOptions(channels[0], c.out_channels, c.conv_out_kernel)
-                                                        .padding((c.conv_out_kernel - 1) / 2)));
+  conv_norm_out = register_module("conv_norm_out",
+                                  nn::GroupNorm(nn::GroupNormOptions(*c.norm_num_groups, channels[0]).eps(c.norm_eps)));
+  conv_out = register_module(
+      "conv_out",
+      nn::Conv2d(
+          nn::Conv2dOptions(channels[0], c.out_channels, c.conv_out_kernel).padding((c.conv_out_kernel - 1) / 2)));
 }
 
 namespace {
@@ -154,10 +156,11 @@ at::Tensor UNet2DConditionModelImpl::run_up(size_t i, const at::Tensor& h, const
 at::Tensor UNet2DConditionModelImpl::forward(const at::Tensor& sample_in, const at::Tensor& timestep,
                                              const at::Tensor& encoder_hidden_states) {
   const UNetConfig& c = config_;
-  SD_CHECK(sample_in.dim() == 4 && sample_in.size(1) == c.in_channels,
-           "UNet: sample must be [N, {}, H, W], got {}", c.in_channels, shape_str(sample_in.sizes()));
-  SD_CHECK(sample_in.scalar_type() == conv_in->weight.scalar_type(), "UNet: sample dtype {} differs from the model's {}",
-           c10::toString(sample_in.scalar_type()), c10::toString(conv_in->weight.scalar_type()));
+  SD_CHECK(sample_in.dim() == 4 && sample_in.size(1) == c.in_channels, "UNet: sample must be [N, {}, H, W], got {}",
+           c.in_channels, shape_str(sample_in.sizes()));
+  SD_CHECK(sample_in.scalar_type() == conv_in->weight.scalar_type(),
+           "UNet: sample dtype {} differs from the model's {}", c10::toString(sample_in.scalar_type()),
+           c10::toString(conv_in->weight.scalar_type()));
   const int64_t batch = sample_in.size(0);
   SD_CHECK(encoder_hidden_states.dim() == 3 && encoder_hidden_states.size(0) == batch &&
                encoder_hidden_states.size(2) == c.cross_attention_dim.at(0),
@@ -166,8 +169,8 @@ at::Tensor UNet2DConditionModelImpl::forward(const at::Tensor& sample_in, const 
   SD_CHECK(encoder_hidden_states.scalar_type() == sample_in.scalar_type(),
            "UNet: encoder_hidden_states dtype {} differs from the model's {}",
            c10::toString(encoder_hidden_states.scalar_type()), c10::toString(sample_in.scalar_type()));
-  SD_CHECK(timestep.defined() && (timestep.dim() == 0 || (timestep.dim() == 1 && (timestep.size(0) == batch ||
-                                                                                  timestep.size(0) == 1))),
+  SD_CHECK(timestep.defined() &&
+               (timestep.dim() == 0 || (timestep.dim() == 1 && (timestep.size(0) == batch || timestep.size(0) == 1))),
            "UNet: timestep must be a scalar or have {} (or 1) entries", batch);
 
   // When H or W is not a multiple of the total upscale, each upsampler is told the size of its skip tensors.

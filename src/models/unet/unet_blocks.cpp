@@ -117,8 +117,8 @@ UNetUpBlockImpl::UNetUpBlockImpl(const UpBlockOptions& o) {
   }
 }
 
-at::Tensor UNetUpBlockImpl::forward(const at::Tensor& x, const std::vector<at::Tensor>& skips,
-                                    const at::Tensor& temb, const at::Tensor& context,
+at::Tensor UNetUpBlockImpl::forward(const at::Tensor& x, const std::vector<at::Tensor>& skips, const at::Tensor& temb,
+                                    const at::Tensor& context,
                                     const std::optional<std::vector<int64_t>>& upsample_size) {
   at::Tensor h = x;
   for (size_t i = 0; i < resnet_blocks_.size(); ++i) {

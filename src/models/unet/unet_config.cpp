@@ -61,8 +61,7 @@ UNetConfig UNetConfig::from_json(const io::JsonConfig& cfg) {
   c.freq_shift = cfg.get<int64_t>("freq_shift", c.freq_shift);
   c.down_block_types = cfg.get<std::vector<std::string>>("down_block_types", c.down_block_types);
   // mid_block_type: null means "no mid block" in diffusers, so a present null differs from a missing key.
-  if (cfg.raw().contains("mid_block_type"))
-    c.mid_block_type = cfg.get_optional<std::string>("mid_block_type");
+  if (cfg.raw().contains("mid_block_type")) c.mid_block_type = cfg.get_optional<std::string>("mid_block_type");
   c.up_block_types = cfg.get<std::vector<std::string>>("up_block_types", c.up_block_types);
   if (cfg.has("only_cross_attention")) {
     const json& v = cfg.raw()["only_cross_attention"];
@@ -190,8 +189,8 @@ void UNetConfig::validate() const {
   const size_t n = num_blocks();
   SD_CHECK(n >= 1, "{}: key 'block_out_channels' must not be empty", src);
   for (auto ch : block_out_channels) SD_CHECK(ch > 0, "{}: key 'block_out_channels' must be positive", src);
-  SD_CHECK(down_block_types.size() == n, "{}: key 'down_block_types' has {} entries but block_out_channels has {}",
-           src, down_block_types.size(), n);
+  SD_CHECK(down_block_types.size() == n, "{}: key 'down_block_types' has {} entries but block_out_channels has {}", src,
+           down_block_types.size(), n);
   SD_CHECK(up_block_types.size() == n, "{}: key 'up_block_types' has {} entries but down_block_types has {}", src,
            up_block_types.size(), n);
   for (const auto& t : down_block_types)
@@ -209,8 +208,7 @@ void UNetConfig::validate() const {
     if (v.is_list)
       SD_CHECK(v.values.size() == n, "{}: key '{}' has {} entries but there are {} blocks", src, key, v.values.size(),
                n);
-    for (auto x : v.values)
-      SD_CHECK(!positive || x > 0, "{}: key '{}' must be positive, got {}", src, key, x);
+    for (auto x : v.values) SD_CHECK(!positive || x > 0, "{}: key '{}' must be positive, got {}", src, key, x);
   };
   check_per_block(layers_per_block, "layers_per_block", true);
   check_per_block(cross_attention_dim, "cross_attention_dim", true);
@@ -246,7 +244,8 @@ void UNetConfig::validate() const {
     for (const auto& e : only_cross_attention) any_cross_only = any_cross_only || e.get<bool>();
   if (any_cross_only) unsupported("only_cross_attention", only_cross_attention.dump());
   if (dropout != 0.0) unsupported("dropout", fmt::format("{}", dropout));
-  if (resnet_time_scale_shift != "default") unsupported("resnet_time_scale_shift", "\"" + resnet_time_scale_shift + "\"");
+  if (resnet_time_scale_shift != "default")
+    unsupported("resnet_time_scale_shift", "\"" + resnet_time_scale_shift + "\"");
   if (time_embedding_type != "positional") unsupported("time_embedding_type", "\"" + time_embedding_type + "\"");
   if (time_embedding_act_fn) unsupported("time_embedding_act_fn", "\"" + *time_embedding_act_fn + "\"");
   if (timestep_post_act) unsupported("timestep_post_act", "\"" + *timestep_post_act + "\"");

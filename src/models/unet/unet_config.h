@@ -95,7 +95,9 @@ struct UNetConfig {
 
   size_t num_blocks() const { return block_out_channels.size(); }
   // Attention heads of down block i (diffusers: num_attention_heads or attention_head_dim).
-  int64_t heads(size_t block) const { return (num_attention_heads ? *num_attention_heads : attention_head_dim).at(block); }
+  int64_t heads(size_t block) const {
+    return (num_attention_heads ? *num_attention_heads : attention_head_dim).at(block);
+  }
   int64_t time_embed_dim() const { return time_embedding_dim.value_or(block_out_channels.at(0) * 4); }
 
   // runwayml/stable-diffusion-v1-5, stabilityai/stable-diffusion-2-base (512², epsilon) and

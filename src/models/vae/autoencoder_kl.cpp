@@ -129,10 +129,9 @@ EncoderImpl::EncoderImpl(const VaeConfig& c) : act_(parse_activation(c.act_fn, c
   }
   register_module("down_blocks", down_blocks);
   mid_block = register_module("mid_block", VaeMidBlock(ch[n - 1], c.norm_num_groups, act_));
-  conv_norm_out = register_module(
-      "conv_norm_out", nn::GroupNorm(nn::GroupNormOptions(c.norm_num_groups, ch[n - 1]).eps(kVaeEps)));
-  conv_out = register_module("conv_out",
-                             nn::Conv2d(nn::Conv2dOptions(ch[n - 1], 2 * c.latent_channels, 3).padding(1)));
+  conv_norm_out =
+      register_module("conv_norm_out", nn::GroupNorm(nn::GroupNormOptions(c.norm_num_groups, ch[n - 1]).eps(kVaeEps)));
+  conv_out = register_module("conv_out", nn::Conv2d(nn::Conv2dOptions(ch[n - 1], 2 * c.latent_channels, 3).padding(1)));
 }
 
 at::Tensor EncoderImpl::forward(const at::Tensor& x) {

@@ -40,8 +40,8 @@ TORCH_MODULE(DownEncoderBlock2D);
 // resnets then an optional nearest ×2 upsampler.
 class UpDecoderBlock2DImpl : public torch::nn::Module {
  public:
-  UpDecoderBlock2DImpl(int64_t in_channels, int64_t out_channels, int64_t num_layers, bool add_upsample,
-                       int64_t groups, Activation act);
+  UpDecoderBlock2DImpl(int64_t in_channels, int64_t out_channels, int64_t num_layers, bool add_upsample, int64_t groups,
+                       Activation act);
   // x: [N, Cin, H, W] -> [N, Cout, 2H, 2W] (H, W without upsampler)
   at::Tensor forward(const at::Tensor& x);
 

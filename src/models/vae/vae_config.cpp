@@ -54,16 +54,20 @@ void VaeConfig::validate() const {
   const std::string& src = source;
   const size_t n = block_out_channels.size();
   SD_CHECK(n >= 1, "{}: key 'block_out_channels' must not be empty", src);
-  SD_CHECK(down_block_types.size() == n, "{}: key 'down_block_types' has {} entries but block_out_channels has {}",
-           src, down_block_types.size(), n);
+  SD_CHECK(down_block_types.size() == n, "{}: key 'down_block_types' has {} entries but block_out_channels has {}", src,
+           down_block_types.size(), n);
   SD_CHECK(up_block_types.size() == n, "{}: key 'up_block_types' has {} entries but block_out_channels has {}", src,
            up_block_types.size(), n);
   for (const auto& t : down_block_types)
-    SD_CHECK(t == "DownEncoderBlock2D", "{}: key 'down_block_types' has unsupported block \"{}\" (expected "
-             "DownEncoderBlock2D)", src, t);
+    SD_CHECK(t == "DownEncoderBlock2D",
+             "{}: key 'down_block_types' has unsupported block \"{}\" (expected "
+             "DownEncoderBlock2D)",
+             src, t);
   for (const auto& t : up_block_types)
-    SD_CHECK(t == "UpDecoderBlock2D", "{}: key 'up_block_types' has unsupported block \"{}\" (expected "
-             "UpDecoderBlock2D)", src, t);
+    SD_CHECK(t == "UpDecoderBlock2D",
+             "{}: key 'up_block_types' has unsupported block \"{}\" (expected "
+             "UpDecoderBlock2D)",
+             src, t);
   SD_CHECK(norm_num_groups > 0, "{}: key 'norm_num_groups' must be positive", src);
   for (auto ch : block_out_channels)
     SD_CHECK(ch > 0 && ch % norm_num_groups == 0,

@@ -53,8 +53,9 @@ int stop_exit_code() { return 128 + (dist::stop_signal() ? dist::stop_signal() :
 at::ScalarType weight_dtype_for(const std::string& mixed_precision, bool main_rank) {
   if (mixed_precision == "no") return at::kFloat;
   if (mixed_precision == "fp16" && main_rank)
-    note("--mixed_precision fp16: CPUs have no fast float16 kernels; the frozen UNet and VAE run in bf16 instead "
-         "(same memory, float32's range)");
+    note(
+        "--mixed_precision fp16: CPUs have no fast float16 kernels; the frozen UNet and VAE run in bf16 instead "
+        "(same memory, float32's range)");
   return at::kBFloat16;
 }
 
@@ -154,14 +155,20 @@ Trainer::Trainer(const TextualInversionOptions& o) : o_(o), output_dir_(o.output
   first_placeholder_ = add_placeholder_tokens(pipe_->tokenizer, o);
   const int64_t init_id = initializer_id(pipe_->tokenizer, o.initializer_token);
   pipe_->text_encoder->resize_token_embeddings(static_cast<int64_t>(pipe_->tokenizer.size()));
-  for (int64_t i = 0; i < o.num_vectors; ++i) pipe_->text_encoder->copy_token_embedding_row(init_id, first_placeholder_ + i);
-  learned_ = pipe_->text_encoder->token_embedding()->weight.detach()
-                 .narrow(0, first_placeholder_, o.num_vectors).to(at::kFloat).clone().requires_grad_(true);
+  for (int64_t i = 0; i < o.num_vectors; ++i)
+    pipe_->text_encoder->copy_token_embedding_row(init_id, first_placeholder_ + i);
+  learned_ = pipe_->text_encoder->token_embedding()
+                 ->weight.detach()
+                 .narrow(0, first_placeholder_, o.num_vectors)
+                 .to(at::kFloat)
+                 .clone()
+                 .requires_grad_(true);
 
   data::TextualInversionDatasetOptions data_options;
   data_options.data_dir = o.train_data_dir;
   data_options.learnable_property = o.learnable_property;
-  data_options.placeholder_string = fmt::format("{}", fmt::join(pipeline::embedding_tokens(o.placeholder_token, o.num_vectors), " "));
+  data_options.placeholder_string =
+      fmt::format("{}", fmt::join(pipeline::embedding_tokens(o.placeholder_token, o.num_vectors), " "));
   data_options.resolution = o.resolution;
   data_options.center_crop = o.center_crop;
   data_options.repeats = o.repeats;
@@ -191,10 +198,11 @@ Trainer::Trainer(const TextualInversionOptions& o) : o_(o), output_dir_(o.output
   if (is_main()) {
     fs::create_directories(output_dir_);
     metrics_ = MetricsLog(output_dir_ / o.logging_dir / "metrics.jsonl");
-    note(fmt::format("{} images x {} repeats, {} rank(s) x batch {} x accumulation {} = global batch {}; {} steps "
-                     "from step {}, lr {:g}, seed {}, {} thread(s) per rank",
-                     dataset_->num_images(), o.repeats, layout_.world, layout_.batch, layout_.accumulation,
-                     layout_.global(), max_steps_, state_.global_step, base_lr_, state_.seed, at::get_num_threads()));
+    note(
+        fmt::format("{} images x {} repeats, {} rank(s) x batch {} x accumulation {} = global batch {}; {} steps "
+                    "from step {}, lr {:g}, seed {}, {} thread(s) per rank",
+                    dataset_->num_images(), o.repeats, layout_.world, layout_.batch, layout_.accumulation,
+                    layout_.global(), max_steps_, state_.global_step, base_lr_, state_.seed, at::get_num_threads()));
   }
 }
 
@@ -216,7 +224,8 @@ MicroBatch Trainer::micro_batch(int64_t step, int64_t micro) {
     const auto position = static_cast<uint64_t>((micro * layout_.world + comm_->rank()) * layout_.batch + j);
     auto gen = [&](Stream s) { return data::stream_generator(state_.seed, s, static_cast<uint64_t>(step), position); };
     const bool flip = at::rand({1}, gen(Stream::kAugment)).item<float>() < 0.5f;
-    const int64_t templ = at::randint(static_cast<int64_t>(dataset_->templates().size()), {1}, gen(Stream::kPrompt)).item<int64_t>();
+    const int64_t templ =
+        at::randint(static_cast<int64_t>(dataset_->templates().size()), {1}, gen(Stream::kPrompt)).item<int64_t>();
     const auto& p = posterior(indices[j] % dataset_->num_images(), flip);
     means.push_back(p.mean);
     stds.push_back(p.std);
@@ -287,8 +296,8 @@ void Trainer::load_checkpoint(const fs::path& dir) {
   SD_CHECK(state.require<std::string>("placeholder_token") == o_.placeholder_token &&
                state.require<int64_t>("num_vectors") == o_.num_vectors,
            "{}: the checkpoint learned '{}' with {} vector(s), this run '{}' with {}", dir.string(),
-           state.require<std::string>("placeholder_token"), state.require<int64_t>("num_vectors"),
-           o_.placeholder_token, o_.num_vectors);
+           state.require<std::string>("placeholder_token"), state.require<int64_t>("num_vectors"), o_.placeholder_token,
+           o_.num_vectors);
   if (state.require<int64_t>("global_batch") != layout_.global() && is_main())
     note(fmt::format("{}: the global batch changes from {} to {}; the data order will differ from the original run",
                      dir.string(), state.require<int64_t>("global_batch"), layout_.global()));

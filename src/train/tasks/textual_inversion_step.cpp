@@ -11,14 +11,18 @@ TextualInversionStep::TextualInversionStep(models::ClipTextModel text_encoder, m
                                            models::UNet2DConditionModel unet, at::Tensor alphas_cumprod,
                                            std::string prediction_type, int64_t first_placeholder_id,
                                            int64_t num_vectors)
-    : text_encoder_(std::move(text_encoder)), vae_(std::move(vae)), unet_(std::move(unet)),
-      alphas_cumprod_(std::move(alphas_cumprod)), prediction_type_(std::move(prediction_type)),
-      first_placeholder_id_(first_placeholder_id), num_vectors_(num_vectors),
+    : text_encoder_(std::move(text_encoder)),
+      vae_(std::move(vae)),
+      unet_(std::move(unet)),
+      alphas_cumprod_(std::move(alphas_cumprod)),
+      prediction_type_(std::move(prediction_type)),
+      first_placeholder_id_(first_placeholder_id),
+      num_vectors_(num_vectors),
       weight_dtype_(unet_->parameters().front().scalar_type()) {
   SD_CHECK(prediction_type_ == "epsilon" || prediction_type_ == "v_prediction",
            "scheduler prediction_type '{}' cannot be trained (expected epsilon or v_prediction)", prediction_type_);
-  for (auto* module : {static_cast<torch::nn::Module*>(text_encoder_.get()), static_cast<torch::nn::Module*>(vae_.get()),
-                       static_cast<torch::nn::Module*>(unet_.get())})
+  for (auto* module : {static_cast<torch::nn::Module*>(text_encoder_.get()),
+                       static_cast<torch::nn::Module*>(vae_.get()), static_cast<torch::nn::Module*>(unet_.get())})
     for (auto& p : module->parameters()) p.set_requires_grad(false);
 }
 

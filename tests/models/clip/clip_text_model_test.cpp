@@ -46,7 +46,8 @@ void check_parity(const std::string& pipeline) {
   ASSERT_EQ(static_cast<int64_t>(prompts.size()), input_ids.size(0));
   for (size_t i = 0; i < prompts.size(); ++i) {
     const at::Tensor row = input_ids[static_cast<int64_t>(i)].contiguous();
-    EXPECT_EQ(tokenizer.encode(prompts[i]), std::vector<int64_t>(row.data_ptr<int64_t>(), row.data_ptr<int64_t>() + row.numel()))
+    EXPECT_EQ(tokenizer.encode(prompts[i]),
+              std::vector<int64_t>(row.data_ptr<int64_t>(), row.data_ptr<int64_t>() + row.numel()))
         << prompts[i];
   }
 
@@ -95,7 +96,8 @@ TEST(ClipTextModel, Bf16WeightsRunAndStayClose) {
   // bf16 keeps ~3 significant digits; 5 layers of it stay within a few percent.
   EXPECT_TRUE(close_rel_max(out.last_hidden_state, golden.at("last_hidden_state"), 5e-2));
   EXPECT_TRUE(close_rel_max(out.pooler_output, golden.at("pooler_output"), 5e-2));
-  std::printf("[ bf16 ] last_hidden_state max|err|/max|ref| %.3g\n", ratio(out.last_hidden_state, golden.at("last_hidden_state")));
+  std::printf("[ bf16 ] last_hidden_state max|err|/max|ref| %.3g\n",
+              ratio(out.last_hidden_state, golden.at("last_hidden_state")));
   // Training through bf16 weights works too.
   (out.last_hidden_state.to(at::kFloat) * golden.at("input.loss_weights")).sum().backward();
   EXPECT_TRUE(close_rel_max(model->text_model->final_layer_norm->weight.grad(),
@@ -203,7 +205,8 @@ TEST(ClipTextConfig, BadValuesNameFileAndKey) {
   EXPECT_EQ(err({{"hidden_size", "big"}}), "/x/config.json: key 'hidden_size' must be an integer, got \"big\"");
   EXPECT_NE(err({{"layer_norm_eps", "1e-5"}}).find("key 'layer_norm_eps'"), std::string::npos);
   EXPECT_NE(err({{"hidden_act", "swishy"}}).find("/x/config.json: key 'hidden_act'"), std::string::npos);
-  EXPECT_NE(err({{"hidden_size", 30}, {"num_attention_heads", 4}}).find("key 'num_attention_heads'"), std::string::npos);
+  EXPECT_NE(err({{"hidden_size", 30}, {"num_attention_heads", 4}}).find("key 'num_attention_heads'"),
+            std::string::npos);
   EXPECT_NE(err({{"num_hidden_layers", 0}}).find("key 'num_hidden_layers'"), std::string::npos);
   EXPECT_NE(err({{"model_type", "bert"}}).find("key 'model_type'"), std::string::npos);
   EXPECT_NE(err({{"architectures", "CLIPTextModel"}}).find("key 'architectures'"), std::string::npos);
