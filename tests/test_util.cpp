@@ -1,12 +1,16 @@
 #include "test_util.h"
 
+#include "core/cpu_features.h"
 #include "io/image.h"
+#include "models/unet/unet_2d_condition.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <cstdio>
+#include <fstream>
 #include <random>
 
 namespace sd::test {
@@ -23,11 +27,37 @@ TempDir::~TempDir() {
   std::filesystem::remove_all(path_, ignored);
 }
 
+std::set<std::string> zero_gradient_parameters(const std::filesystem::path& unet_dir) {
+  models::UNet2DConditionModel unet = models::load_unet(unet_dir, at::kDouble);
+  const auto& config = unet->config();
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  const at::Tensor sample = at::randn({2, config.in_channels, 16, 16}, gen, at::kDouble);
+  const at::Tensor context = at::randn({2, 77, config.cross_attention_dim.at(0)}, gen, at::kDouble);
+  const at::Tensor timesteps = at::tensor({int64_t{10}, int64_t{700}});
+  at::mse_loss(unet->forward(sample, timesteps, context), at::randn_like(sample)).backward();
+  double largest = 0;
+  for (const auto& p : unet->parameters()) largest = std::max(largest, p.grad().abs().max().item<double>());
+  std::set<std::string> zero;
+  for (const auto& item : unet->named_parameters())
+    if (item.value().grad().abs().max().item<double>() < 1e-9 * largest) zero.insert(item.key());
+  return zero;
+}
+
+double bf16_tolerance(double native) { return cpu_runs_bf16_natively() ? native : 4 * native; }
+
 void write_pattern_png(const std::filesystem::path& path, int width, int height, int stride) {
   io::RgbImage image{width, height, std::vector<uint8_t>(static_cast<size_t>(width) * height * 3)};
   for (size_t k = 0; k < image.pixels.size(); ++k) image.pixels[k] = static_cast<uint8_t>((k * stride) % 251);
   std::filesystem::create_directories(path.parent_path());
   io::save_png(path, image);
+}
+
+void write_captioned_images(const std::filesystem::path& dir, int count) {
+  for (int i = 0; i < count; ++i) {
+    const auto stem = dir / ("img" + std::to_string(i));
+    write_pattern_png(stem.string() + ".png", 40 + 4 * (i % 5), 36 + 8 * (i % 3), 3 + i);
+    std::ofstream(stem.string() + ".txt") << "a pattern number " << i << "\n";
+  }
 }
 
 CommandResult run_command(const std::string& command) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <set>
 #include <string>
 
 namespace sd::test {
@@ -25,8 +26,23 @@ inline ::testing::AssertionResult close_rel_max(const at::Tensor& actual, const 
                                        << err / ref << ")";
 }
 
+// A tolerance for results computed in bf16: `native` where LibTorch runs bf16 through oneDNN (float32
+// accumulation), 4x that where it falls back to loops that accumulate in bf16 (core/cpu_features.h).
+double bf16_tolerance(double native);
+
+// The UNet parameters (of the diffusers folder `unet_dir`) whose exact gradient is zero whatever the inputs: e.g. a
+// per-channel bias feeding a GroupNorm with one channel per group (tiny-sd1's 32 groups over 32 channels). Every
+// implementation's gradient for them is float32 rounding noise, which AdamW (dividing each element by its own
+// magnitude) turns into lr-sized steps that no other op order reproduces, so runs can only be compared on the other
+// parameters. Found from first principles: their gradient, computed in float64 on seeded random inputs, is zero to
+// float64 rounding (below 1e-9 of the largest).
+std::set<std::string> zero_gradient_parameters(const std::filesystem::path& unet_dir);
+
 // A width x height PNG of a striped pattern (pixel byte k = k * stride mod 251), as training images for tests.
 void write_pattern_png(const std::filesystem::path& path, int width, int height, int stride);
+
+// `count` pattern images of varying sizes with a caption file each (kohya's layout: img<i>.png + img<i>.txt).
+void write_captioned_images(const std::filesystem::path& dir, int count);
 
 // A fresh empty directory under the system temp dir, removed when the object dies.
 class TempDir {

@@ -1,0 +1,25 @@
+// The one place that decides dtypes for training and generation from --mixed_precision. Trained weights are held
+// in float32 ("master" weights, with the AdamW moments, the EMA and the gradients); the forward and backward run in
+// the compute dtype (bf16 under mixed precision) on a copy the optimizer step refreshes; frozen models (the VAE, the
+// text encoder, a textual-inversion UNet) are stored in the compute dtype. Norms and softmax accumulate in float32
+// inside the models (models/diffusers_blocks.h), and losses are taken in float32.
+#pragma once
+#include <c10/core/ScalarType.h>
+
+#include <string>
+
+namespace sd::train {
+
+struct PrecisionPolicy {
+  at::ScalarType compute = at::kFloat;  // forward/backward of the trained model
+  at::ScalarType frozen = at::kFloat;   // models that are not trained
+  at::ScalarType master = at::kFloat;   // trained weights, gradients, optimizer state, EMA
+
+  // "no" -> float32 everywhere; "bf16" -> bf16 compute and frozen models; "fp16" is taken as bf16 (CPUs have no
+  // fast float16 kernels). On a CPU where LibTorch has no fast, float32-accumulating bf16 kernels
+  // (core/cpu_features.h) bf16 is computed in float32. Each substitution is announced on the main rank.
+  static PrecisionPolicy from_flag(const std::string& mixed_precision);
+  bool mixed() const { return compute != master; }
+};
+
+}  // namespace sd::train
