@@ -185,4 +185,10 @@ int free_port() {
   return ntohs(addr.sin_port);
 }
 
+std::vector<std::string> under_launch(int ranks, const std::vector<std::string>& command) {
+  std::vector<std::string> args = {command.at(0), "launch", "--nproc_per_node", std::to_string(ranks), "--"};
+  args.insert(args.end(), command.begin() + 1, command.end());
+  return args;
+}
+
 }  // namespace sd::test

@@ -61,6 +61,9 @@ struct ProcessResult {
 ProcessResult run_process(const std::vector<std::string>& argv, std::chrono::milliseconds deadline,
                           const std::map<std::string, std::string>& env = {});
 
+// `command` (sdtrain and its arguments) run as `ranks` local ranks by `sdtrain launch`.
+std::vector<std::string> under_launch(int ranks, const std::vector<std::string>& command);
+
 // True if `program` is found in PATH.
 bool have_program(const std::string& program);
 

@@ -7,7 +7,17 @@
 
 namespace sd::data {
 
-enum class Stream : uint64_t { kDataOrder = 1, kAugment = 2, kPrompt = 3, kPosterior = 4, kNoise = 5, kTimestep = 6 };
+enum class Stream : uint64_t {
+  kDataOrder = 1,
+  kAugment = 2,
+  kPrompt = 3,  // a template (textual inversion) or one of a sample's captions
+  kPosterior = 4,
+  kNoise = 5,
+  kTimestep = 6,
+  kNoiseOffset = 7,
+  kPerturbation = 8,
+  kSynthetic = 9,  // synthetic samples, keyed by their index
+};
 
 // A CPU generator seeded from a hash of all four numbers.
 at::Generator stream_generator(uint64_t seed, Stream purpose, uint64_t a, uint64_t b = 0);

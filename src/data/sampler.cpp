@@ -35,4 +35,22 @@ std::vector<int64_t> DistributedSampler::micro_batch(int64_t step, int64_t micro
   return std::vector<int64_t>(order.begin() + start, order.begin() + start + layout_.batch);
 }
 
+BatchPlanner::BatchPlanner(int64_t dataset_size, BatchLayout layout, int rank, const uint64_t& seed)
+    : dataset_size_(dataset_size), layout_(layout), rank_(rank), seed_(seed) {}
+
+BatchRequest BatchPlanner::plan(int64_t step, int64_t micro) const {
+  BatchRequest request{step, micro, (micro * layout_.world + rank_) * layout_.batch, {}};
+  if (dataset_size_ == 0) return request;
+  if (!sampler_ || sampler_seed_ != seed_) {
+    sampler_ = std::make_unique<DistributedSampler>(dataset_size_, layout_, seed_);
+    sampler_seed_ = seed_;
+  }
+  request.indices = sampler_->micro_batch(step, micro, rank_);
+  return request;
+}
+
+BatchRequest BatchPlanner::after(const BatchRequest& request) const {
+  return request.micro + 1 < layout_.accumulation ? plan(request.step, request.micro + 1) : plan(request.step + 1, 0);
+}
+
 }  // namespace sd::data

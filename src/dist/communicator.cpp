@@ -28,6 +28,14 @@ std::unique_ptr<PendingCollective> LocalCommunicator::allreduce_sum_async(at::Te
   return std::make_unique<DonePending>();
 }
 
+std::unique_ptr<PendingCollective> LocalCommunicator::reduce_scatter_sum_async(at::Tensor flat) {
+  return std::make_unique<DonePending>();
+}
+
+std::unique_ptr<PendingCollective> LocalCommunicator::all_gather_async(at::Tensor flat) {
+  return std::make_unique<DonePending>();
+}
+
 void LocalCommunicator::broadcast(at::Tensor& tensor, int root) {
   SD_CHECK(root == 0, "broadcast root {} does not exist in a world of 1", root);
 }

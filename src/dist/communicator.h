@@ -45,6 +45,13 @@ class Communicator {
   void allreduce_mean(std::vector<at::Tensor>& tensors);
   // One contiguous tensor, summed in place, without waiting.
   virtual std::unique_ptr<PendingCollective> allreduce_sum_async(at::Tensor tensor) = 0;
+  // In place on a flat tensor whose numel is a multiple of world_size, seen as world_size equal chunks: on rank r,
+  // chunk r becomes the sum over ranks of chunk r (float32 only); the other chunks are left as scratch. Each rank
+  // sends and receives (world - 1) chunks, the least any reduce-scatter can (a ring over point-to-point messages,
+  // since Gloo in LibTorch 1.13 has no reduce_scatter).
+  virtual std::unique_ptr<PendingCollective> reduce_scatter_sum_async(at::Tensor flat) = 0;
+  // In place, the inverse layout: chunk r of rank r is copied into chunk r of every rank (any dtype); a ring too.
+  virtual std::unique_ptr<PendingCollective> all_gather_async(at::Tensor flat) = 0;
   // In place: every rank gets root's values.
   virtual void broadcast(at::Tensor& tensor, int root) = 0;
   virtual void barrier() = 0;
@@ -61,6 +68,8 @@ class LocalCommunicator : public Communicator {
   int world_size() const override { return 1; }
   void allreduce_sum(std::vector<at::Tensor>& tensors) override;
   std::unique_ptr<PendingCollective> allreduce_sum_async(at::Tensor tensor) override;
+  std::unique_ptr<PendingCollective> reduce_scatter_sum_async(at::Tensor flat) override;
+  std::unique_ptr<PendingCollective> all_gather_async(at::Tensor flat) override;
   void broadcast(at::Tensor& tensor, int root) override;
   void barrier() override {}
   std::vector<int64_t> all_gather(const std::vector<int64_t>& values) override { return values; }

@@ -20,7 +20,10 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <exception>
+#include <functional>
+#include <future>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -202,6 +205,23 @@ class PendingWork : public PendingCollective {
   bool done_ = false;
 };
 
+// A ring collective runs on the communicator's ring thread; waiting on it rethrows its failure.
+class PendingRing : public PendingCollective {
+ public:
+  explicit PendingRing(std::future<void> done) : done_(std::move(done)) {}
+  void wait() override {
+    if (done_.valid()) done_.get();
+  }
+
+ private:
+  std::future<void> done_;
+};
+
+// dst += src elementwise, on the calling thread: the ring thread must not start LibTorch's intra-op pool.
+void add_into(float* dst, const float* src, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+}
+
 class ProcessGroupCommunicator : public Communicator {
  public:
   ProcessGroupCommunicator(const DistEnv& env, const CommOptions& opts) : env_(env), opts_(opts) {
@@ -255,6 +275,19 @@ class ProcessGroupCommunicator : public Communicator {
     std::vector<at::Tensor> list{tensor};
     auto work = issue(seq, [&] { return pg_->allreduce(list); });
     return std::make_unique<PendingWork>(this, std::move(work), seq, tensor);
+  }
+
+  std::unique_ptr<PendingCollective> reduce_scatter_sum_async(at::Tensor flat) override {
+    check_ring_buffer(flat, "reduce_scatter_sum_async");
+    SD_CHECK(flat.scalar_type() == at::kFloat, "reduce_scatter_sum_async sums float32 tensors only");
+    const int64_t seq = begin_collective("reduce_scatter");
+    return run_on_ring_thread([this, flat, seq] { ring_reduce_scatter(flat, seq); });
+  }
+
+  std::unique_ptr<PendingCollective> all_gather_async(at::Tensor flat) override {
+    check_ring_buffer(flat, "all_gather_async");
+    const int64_t seq = begin_collective("all_gather");
+    return run_on_ring_thread([this, flat, seq] { ring_all_gather(flat, seq); });
   }
 
   void broadcast(at::Tensor& tensor, int root) override {
@@ -334,6 +367,89 @@ class ProcessGroupCommunicator : public Communicator {
       if (failure_.empty()) failure_ = message;
     }
     throw Error(message);
+  }
+
+  void check_ring_buffer(const at::Tensor& flat, const char* what) const {
+    SD_CHECK(flat.dim() == 1 && flat.is_contiguous() && flat.numel() % env_.world_size == 0,
+             "{} needs a contiguous 1-D tensor whose size is a multiple of the world size ({}), got {} elements", what,
+             env_.world_size, flat.numel());
+  }
+
+  // Ring collectives run one at a time, in the order they were issued (the same on every rank), on a thread of
+  // their own, so backward can go on while a bucket travels.
+  std::unique_ptr<PendingCollective> run_on_ring_thread(std::function<void()> job) {
+    auto task = std::make_shared<std::packaged_task<void()>>(std::move(job));
+    std::future<void> done = task->get_future();
+    {
+      std::lock_guard<std::mutex> lock(ring_mutex_);
+      if (!ring_thread_.joinable()) ring_thread_ = std::thread([this] { ring_loop(); });
+      ring_jobs_.push_back([task] { (*task)(); });
+    }
+    ring_cv_.notify_one();
+    return std::make_unique<PendingRing>(std::move(done));
+  }
+
+  void ring_loop() {
+    std::unique_lock<std::mutex> lock(ring_mutex_);
+    while (true) {
+      ring_cv_.wait(lock, [this] { return stop_ring_ || !ring_jobs_.empty(); });
+      if (ring_jobs_.empty()) return;
+      std::function<void()> job = std::move(ring_jobs_.front());
+      ring_jobs_.pop_front();
+      lock.unlock();
+      job();
+      lock.lock();
+    }
+  }
+
+  // After a failure queued ring jobs are dropped and a job stuck in a broken exchange is left to process exit,
+  // as Gloo's own threads are.
+  void stop_ring_thread() {
+    {
+      std::lock_guard<std::mutex> lock(ring_mutex_);
+      stop_ring_ = true;
+      if (failed_) ring_jobs_.clear();
+    }
+    ring_cv_.notify_all();
+    if (!ring_thread_.joinable()) return;
+    if (failed_)
+      ring_thread_.detach();
+    else
+      ring_thread_.join();
+  }
+
+  // Sends `out` to the next rank and receives `in` from the previous one; both must finish.
+  void ring_exchange(const at::Tensor& out, const at::Tensor& in, int64_t seq) {
+    const int world = env_.world_size;
+    const int next = (env_.rank + 1) % world, prev = (env_.rank + world - 1) % world;
+    std::vector<at::Tensor> send_list{out}, recv_list{in};
+    const int tag = static_cast<int>(seq & 0x3fffffff);
+    auto sent = issue(seq, [&] { return pg_->send(send_list, next, tag); });
+    auto received = issue(seq, [&] { return pg_->recv(recv_list, prev, tag); });
+    wait_work(received, seq);
+    wait_work(sent, seq);
+  }
+
+  // Chunk c starts at rank c+1 and travels the ring, each rank adding its own chunk c, until it reaches rank c
+  // after world-1 hops: at step s rank r sends chunk r-1-s and receives (and adds into) chunk r-2-s.
+  void ring_reduce_scatter(const at::Tensor& flat, int64_t seq) {
+    const int world = env_.world_size, r = env_.rank;
+    const int64_t n = flat.numel() / world;
+    at::Tensor incoming = at::empty({n}, flat.options());
+    auto chunk = [&](int c) { return flat.narrow(0, ((c % world) + world) % world * n, n); };
+    for (int s = 0; s + 1 < world; ++s) {
+      ring_exchange(chunk(r - 1 - s), incoming, seq);
+      at::Tensor target = chunk(r - 2 - s);
+      add_into(target.data_ptr<float>(), incoming.data_ptr<float>(), n);
+    }
+  }
+
+  // Chunk r starts at rank r; at step s rank r forwards chunk r-s and receives chunk r-1-s in place.
+  void ring_all_gather(const at::Tensor& flat, int64_t seq) {
+    const int world = env_.world_size, r = env_.rank;
+    const int64_t n = flat.numel() / world;
+    auto chunk = [&](int c) { return flat.narrow(0, ((c % world) + world) % world * n, n); };
+    for (int s = 0; s + 1 < world; ++s) ring_exchange(chunk(r - s), chunk(r - 1 - s), seq);
   }
 
   void connect_store() {
@@ -588,6 +704,7 @@ class ProcessGroupCommunicator : public Communicator {
   void shutdown(bool with_error) {
     if (shut_down_) return;
     shut_down_ = true;
+    stop_ring_thread();
     bool error = with_error || failed_;
     try {
       store_->set(exit_key(env_.rank), bytes(error ? "exited with an error" : "finished"));
@@ -652,6 +769,11 @@ class ProcessGroupCommunicator : public Communicator {
   std::mutex monitor_mutex_;
   std::condition_variable monitor_cv_;
   bool stop_monitor_ = false;
+  std::thread ring_thread_;
+  std::mutex ring_mutex_;
+  std::condition_variable ring_cv_;
+  std::deque<std::function<void()>> ring_jobs_;
+  bool stop_ring_ = false;
 };
 
 void PendingWork::wait() {

@@ -25,6 +25,25 @@ void write_atomically(const fs::path& path, const std::function<void(const fs::p
   }
 }
 
+void write_directory_atomically(const fs::path& dir, const std::function<void(const fs::path&)>& fill) {
+  fs::path tmp = dir;
+  tmp += fmt::format(".tmp{}", getpid());
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  try {
+    fill(tmp);
+    fs::path old = dir;
+    old += ".old";
+    if (fs::exists(dir)) fs::rename(dir, old);
+    fs::rename(tmp, dir);
+    fs::remove_all(old);
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove_all(tmp, ignored);
+    throw;
+  }
+}
+
 void write_text_file(const fs::path& path, const std::string& text) {
   write_atomically(path, [&](const fs::path& tmp) {
     std::ofstream out(tmp, std::ios::binary);

@@ -53,6 +53,17 @@ nlohmann::json model_index_json(const std::string& scheduler_class) {
           {"vae", {"diffusers", "AutoencoderKL"}}};
 }
 
+void copy_components(const fs::path& from, const fs::path& to, const std::vector<std::string>& parts) {
+  for (const auto& part : parts)
+    io::write_directory_atomically(to / part, [&](const fs::path& tmp) {
+      fs::copy(from / part, tmp, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+    });
+}
+
+void write_model_index(const fs::path& dir, const std::string& scheduler_class) {
+  io::write_text_file(dir / "model_index.json", model_index_json(scheduler_class).dump(2) + "\n");
+}
+
 void save_pipeline(StableDiffusion& pipe, const fs::path& dir, at::ScalarType dtype) {
   fs::create_directories(dir);
   const std::string scheduler_class =
@@ -80,7 +91,7 @@ void save_pipeline(StableDiffusion& pipe, const fs::path& dir, at::ScalarType dt
     fs::remove_all(tmp, ignored);
     throw;
   }
-  io::write_text_file(dir / "model_index.json", model_index_json(scheduler_class).dump(2) + "\n");
+  write_model_index(dir, scheduler_class);
 }
 
 }  // namespace sd::pipeline

@@ -4,6 +4,8 @@
 #include <ATen/ATen.h>
 
 #include <filesystem>
+#include <string>
+#include <vector>
 #include <nlohmann/json.hpp>
 
 #include "models/clip/clip_text_model.h"
@@ -45,5 +47,12 @@ void save_pipeline(StableDiffusion& pipe, const std::filesystem::path& dir, at::
 
 // model_index.json of a StableDiffusionPipeline whose scheduler is `scheduler_class`.
 nlohmann::json model_index_json(const std::string& scheduler_class);
+
+// For a pipeline written part by part (a trained component next to unchanged ones): copies the component folders
+// `parts` of the pipeline `from` as they are, each atomically.
+void copy_components(const std::filesystem::path& from, const std::filesystem::path& to,
+                     const std::vector<std::string>& parts);
+// Writes <dir>/model_index.json for `scheduler_class` (the pipeline's scheduler), last, marking the pipeline whole.
+void write_model_index(const std::filesystem::path& dir, const std::string& scheduler_class);
 
 }  // namespace sd::pipeline

@@ -8,60 +8,48 @@
 
 namespace sd::train {
 
-AdamW::AdamW(std::vector<at::Tensor> params, AdamWOptions options)
-    : params_(std::move(params)), state_(params_.size()), options_(options) {}
+void AdamWOptions::validate() const {
+  SD_CHECK(beta1 >= 0 && beta1 < 1, "--adam_beta1 must be in [0, 1), got {}", beta1);
+  SD_CHECK(beta2 >= 0 && beta2 < 1, "--adam_beta2 must be in [0, 1), got {}", beta2);
+  SD_CHECK(eps >= 0 && std::isfinite(eps), "--adam_epsilon must be a finite number >= 0, got {}", eps);
+  SD_CHECK(weight_decay >= 0 && std::isfinite(weight_decay), "--adam_weight_decay must be a finite number >= 0, got {}",
+           weight_decay);
+}
 
-void AdamW::step(double lr) {
+AdamW::AdamW(AdamWOptions options) : options_(options) { options_.validate(); }
+
+void AdamW::step(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads, double lr) {
+  SD_CHECK(params.size() == grads.size(), "AdamW: {} parameters but {} gradients", params.size(), grads.size());
   at::NoGradGuard no_grad;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    at::Tensor& p = params_[i];
-    if (!p.grad().defined()) continue;
-    const at::Tensor& grad = p.grad();
-    ParamState& s = state_[i];
-    if (!s.exp_avg.defined()) {
-      s.exp_avg = at::zeros_like(p);
-      s.exp_avg_sq = at::zeros_like(p);
+  if (exp_avg_.empty()) {
+    for (const auto& p : params) {
+      exp_avg_.push_back(at::zeros_like(p));
+      exp_avg_sq_.push_back(at::zeros_like(p));
     }
-    s.step += 1;
+  }
+  SD_CHECK(exp_avg_.size() == params.size(), "AdamW: state for {} parameters, given {}", exp_avg_.size(),
+           params.size());
+  steps_ += 1;
+  const double bias_correction1 = 1 - std::pow(options_.beta1, static_cast<double>(steps_));
+  const double bias_correction2 = 1 - std::pow(options_.beta2, static_cast<double>(steps_));
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor& p = params[i];
+    const at::Tensor& grad = grads[i];
     p.mul_(1 - lr * options_.weight_decay);
-    s.exp_avg.mul_(options_.beta1).add_(grad, 1 - options_.beta1);
-    s.exp_avg_sq.mul_(options_.beta2).addcmul_(grad, grad, 1 - options_.beta2);
-    const double bias_correction1 = 1 - std::pow(options_.beta1, static_cast<double>(s.step));
-    const double bias_correction2 = 1 - std::pow(options_.beta2, static_cast<double>(s.step));
-    const at::Tensor denom = (s.exp_avg_sq.sqrt() / std::sqrt(bias_correction2)).add_(options_.eps);
-    p.addcdiv_(s.exp_avg, denom, -lr / bias_correction1);
+    exp_avg_[i].mul_(options_.beta1).add_(grad, 1 - options_.beta1);
+    exp_avg_sq_[i].mul_(options_.beta2).addcmul_(grad, grad, 1 - options_.beta2);
+    const at::Tensor denom = (exp_avg_sq_[i].sqrt() / std::sqrt(bias_correction2)).add_(options_.eps);
+    p.addcdiv_(exp_avg_[i], denom, -lr / bias_correction1);
   }
 }
 
-void AdamW::zero_grad() {
-  for (auto& p : params_)
-    if (p.grad().defined()) p.mutable_grad() = at::Tensor();
-}
-
-io::TensorMap AdamW::state() const {
-  io::TensorMap out;
-  for (size_t i = 0; i < state_.size(); ++i) {
-    if (!state_[i].exp_avg.defined()) continue;
-    out[fmt::format("{}.exp_avg", i)] = state_[i].exp_avg;
-    out[fmt::format("{}.exp_avg_sq", i)] = state_[i].exp_avg_sq;
-    out[fmt::format("{}.step", i)] = at::tensor(state_[i].step, at::kLong);
-  }
-  return out;
-}
-
-void AdamW::load_state(const io::TensorMap& state, const std::string& source) {
-  for (size_t i = 0; i < state_.size(); ++i) {
-    const std::string key = fmt::format("{}.exp_avg", i);
-    if (!state.count(key)) continue;
-    const at::Tensor& m = state.at(key);
-    const at::Tensor& v = state.at(fmt::format("{}.exp_avg_sq", i));
-    SD_CHECK(m.sizes() == params_[i].sizes() && v.sizes() == params_[i].sizes(),
-             "{}: optimizer state for parameter {} has shape [{}], the parameter [{}]", source, i,
-             fmt::join(m.sizes(), ", "), fmt::join(params_[i].sizes(), ", "));
-    state_[i].exp_avg = m.to(params_[i].options()).clone();
-    state_[i].exp_avg_sq = v.to(params_[i].options()).clone();
-    state_[i].step = state.at(fmt::format("{}.step", i)).item<int64_t>();
-  }
+void AdamW::set_state(std::vector<at::Tensor> exp_avg, std::vector<at::Tensor> exp_avg_sq, int64_t steps) {
+  SD_CHECK(exp_avg.size() == exp_avg_sq.size(), "AdamW state: {} first moments but {} second moments", exp_avg.size(),
+           exp_avg_sq.size());
+  SD_CHECK(steps >= 0, "AdamW state: negative step count {}", steps);
+  exp_avg_ = std::move(exp_avg);
+  exp_avg_sq_ = std::move(exp_avg_sq);
+  steps_ = steps;
 }
 
 }  // namespace sd::train

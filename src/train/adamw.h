@@ -1,11 +1,10 @@
 // AdamW with decoupled weight decay, the same arithmetic as torch.optim.AdamW's single-tensor path (PyTorch 1.13),
-// with its state as plain tensors so checkpoints can store and restore it exactly.
+// over explicit (parameter, gradient) pairs so it can update flat buffers or a rank's shard of them. Its moments
+// are plain tensors, so checkpoints store and restore them exactly.
 #pragma once
 #include <ATen/ATen.h>
 
 #include <vector>
-
-#include "io/safetensors.h"
 
 namespace sd::train {
 
@@ -14,28 +13,29 @@ struct AdamWOptions {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 1e-2;
+  // Throws sd::Error naming the flag, for the values torch.optim.AdamW refuses.
+  void validate() const;
 };
 
 class AdamW {
  public:
-  AdamW(std::vector<at::Tensor> params, AdamWOptions options);
+  explicit AdamW(AdamWOptions options);
 
-  // One update of every parameter that has a gradient, at learning rate `lr`.
-  void step(double lr);
-  void zero_grad();
+  // One update of every params[i] by grads[i] (same shapes) at learning rate `lr`. The moments are created (zeros,
+  // shaped like the parameters) on the first step.
+  void step(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads, double lr);
 
-  // State as named tensors ("<i>.exp_avg", "<i>.exp_avg_sq", "<i>.step") for checkpoints; load checks shapes.
-  io::TensorMap state() const;
-  void load_state(const io::TensorMap& state, const std::string& source);
+  // Optimizer steps taken (torch's per-parameter `step`; here every parameter is updated at every step).
+  int64_t steps() const { return steps_; }
+  std::vector<at::Tensor>& exp_avg() { return exp_avg_; }
+  std::vector<at::Tensor>& exp_avg_sq() { return exp_avg_sq_; }
+  // Restores the moments (shaped like the parameters) and the step count, e.g. from a checkpoint.
+  void set_state(std::vector<at::Tensor> exp_avg, std::vector<at::Tensor> exp_avg_sq, int64_t steps);
 
  private:
-  struct ParamState {
-    at::Tensor exp_avg, exp_avg_sq;
-    int64_t step = 0;
-  };
-  std::vector<at::Tensor> params_;
-  std::vector<ParamState> state_;
   AdamWOptions options_;
+  std::vector<at::Tensor> exp_avg_, exp_avg_sq_;
+  int64_t steps_ = 0;
 };
 
 }  // namespace sd::train

@@ -51,13 +51,6 @@ class TextualInversionDist : public ::testing::Test {
     return args;
   }
 
-  std::vector<std::string> launch(int ranks, std::vector<std::string> command) const {
-    std::vector<std::string> args = {sd::test::sdtrain_binary(), "launch", "--nproc_per_node", std::to_string(ranks),
-                                     "--"};
-    args.insert(args.end(), command.begin() + 1, command.end());
-    return args;
-  }
-
   at::Tensor learned(const fs::path& out) const {
     return io::load_safetensors(out / "learned_embeds.safetensors").at("<dicoo>");
   }
@@ -77,7 +70,7 @@ TEST_F(TextualInversionDist, TwoAndThreeRanksMatchOneRankWithAccumulation) {
     const fs::path multi = dir_.path() / ("multi" + std::to_string(ranks));
     auto a = sd::test::run_process(train(single, ranks, 4), 120s);
     ASSERT_EQ(a.exit_code, 0) << a.output;
-    auto b = sd::test::run_process(launch(ranks, train(multi, 1, 4)), 120s);
+    auto b = sd::test::run_process(sd::test::under_launch(ranks, train(multi, 1, 4)), 120s);
     ASSERT_EQ(b.exit_code, 0) << b.output;
     EXPECT_TRUE(sd::test::close_rel_max(learned(multi), learned(single), kReductionTolerance)) << ranks << " ranks";
     EXPECT_FALSE(
@@ -149,7 +142,7 @@ TEST_F(TextualInversionDist, KilledRankEndsTheOthersNamingIt) {
 
 TEST_F(TextualInversionDist, SigtermWritesACheckpointThatResumes) {
   const fs::path out = dir_.path() / "term";
-  sd::test::Process run(launch(2, train(out, 1, 100000)));
+  sd::test::Process run(sd::test::under_launch(2, train(out, 1, 100000)));
   const auto deadline = std::chrono::steady_clock::now() + 60s;
   while (!fs::exists(out / "logs" / "metrics.jsonl") && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(50ms);
@@ -162,8 +155,8 @@ TEST_F(TextualInversionDist, SigtermWritesACheckpointThatResumes) {
     if (e.path().filename().string().rfind("checkpoint-", 0) == 0) checkpoints.push_back(e.path());
   ASSERT_EQ(checkpoints.size(), 1u) << run.output();
   const int stopped_at = std::stoi(checkpoints[0].filename().string().substr(11));
-  auto resumed =
-      sd::test::run_process(launch(2, train(out, 1, stopped_at + 2, {"--resume_from_checkpoint=latest"})), 120s);
+  auto resumed = sd::test::run_process(
+      sd::test::under_launch(2, train(out, 1, stopped_at + 2, {"--resume_from_checkpoint=latest"})), 120s);
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_NE(resumed.output.find("resuming from"), std::string::npos) << resumed.output;
   EXPECT_TRUE(fs::exists(out / "learned_embeds.safetensors"));

@@ -1,14 +1,17 @@
 // Textual inversion as diffusers' examples/textual_inversion/textual_inversion.py does it: learn the embedding of
-// new placeholder token(s) with the UNet, VAE and the rest of the text encoder frozen.
+// new placeholder token(s) with the UNet, VAE and the rest of the text encoder frozen. A task on the training
+// engine (train/trainer.h); this file holds only what is particular to it.
 #pragma once
-#include <cstdint>
 #include <optional>
 #include <string>
 
+#include "train/trainer.h"
+
 namespace sd::train {
 
-// Every flag of the reference script, with its default. Field names are the flag names.
+// The flags of the reference script beyond the engine's, with its defaults. Field names are the flag names.
 struct TextualInversionOptions {
+  TrainerOptions training;
   std::string pretrained_model_name_or_path;
   std::string tokenizer_name;
   std::string train_data_dir;
@@ -19,39 +22,17 @@ struct TextualInversionOptions {
   int repeats = 100;
   int resolution = 512;
   bool center_crop = false;
-  int train_batch_size = 16;
-  int num_train_epochs = 100;
-  std::optional<int64_t> max_train_steps = 5000;
-  int gradient_accumulation_steps = 1;
   bool gradient_checkpointing = false;
-  double learning_rate = 1e-4;
-  bool scale_lr = false;
-  std::string lr_scheduler = "constant";
-  int64_t lr_warmup_steps = 500;
-  int lr_num_cycles = 1;
-  double adam_beta1 = 0.9;
-  double adam_beta2 = 0.999;
-  double adam_weight_decay = 1e-2;
-  double adam_epsilon = 1e-8;
-  std::optional<uint64_t> seed;
-  std::string mixed_precision = "no";  // no, fp16, bf16
-  std::string output_dir = "text-inversion-model";
   int64_t save_steps = 500;
   bool save_as_full_pipeline = false;
   bool no_safe_serialization = false;
-  int64_t checkpointing_steps = 500;
-  std::optional<int> checkpoints_total_limit;
-  std::string resume_from_checkpoint;
   std::string validation_prompt;
   int num_validation_images = 4;
   int64_t validation_steps = 100;
-  std::string logging_dir = "logs";
-  std::string report_to = "tensorboard";
   int dataloader_num_workers = 0;
-  // sdtrain's own
-  std::optional<int> threads;
-  double dist_timeout_s = 300;
-  std::string dist_iface;
+
+  // The reference script's defaults for the engine's flags.
+  TextualInversionOptions();
 };
 
 // Runs the whole training; returns the process exit code.

@@ -1,0 +1,116 @@
+#include "cli/training_flags.h"
+
+#include <chrono>
+#include <ctime>
+
+#include "cli/flags.h"
+
+namespace sd::cli {
+
+void add_trainer_flags(CLI::App* cmd, train::TrainerOptions& o) {
+  const std::string batch = "Batching and steps";
+  flag(cmd, "--train_batch_size", o.train_batch_size, "Images per rank per micro-batch")
+      ->check(CLI::PositiveNumber)
+      ->group(batch);
+  flag(cmd, "--gradient_accumulation_steps", o.gradient_accumulation_steps, "Micro-batches per optimizer step")
+      ->check(CLI::PositiveNumber)
+      ->group(batch);
+  flag(cmd, "--global_batch_size", o.global_batch_size,
+       "Images per optimizer step over all ranks; sets the accumulation to global / (ranks x --train_batch_size)")
+      ->check(CLI::PositiveNumber)
+      ->group(batch);
+  flag(cmd, "--num_train_epochs", o.num_train_epochs, "Epochs, used when --max_train_steps is not given")
+      ->check(CLI::PositiveNumber)
+      ->group(batch);
+  flag(cmd, "--max_train_steps", o.max_train_steps, "Optimizer steps; overrides --num_train_epochs")
+      ->check(CLI::PositiveNumber)
+      ->group(batch);
+
+  const std::string optimizer = "Optimizer (AdamW) and learning rate";
+  flag(cmd, "--learning_rate", o.learning_rate, "Learning rate after warm-up")->group(optimizer);
+  switch_flag(cmd, "--scale_lr", o.scale_lr,
+              "Multiply the learning rate by accumulation steps x batch size x number of ranks")
+      ->group(optimizer);
+  flag(cmd, "--lr_scheduler", o.lr_scheduler, "Learning-rate schedule")
+      ->check(
+          CLI::IsMember({"linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup"}))
+      ->group(optimizer);
+  flag(cmd, "--lr_warmup_steps", o.lr_warmup_steps, "Linear warm-up steps of the schedule")
+      ->check(CLI::NonNegativeNumber)
+      ->group(optimizer);
+  flag(cmd, "--lr_num_cycles", o.lr_num_cycles, "Hard restarts of cosine_with_restarts")
+      ->check(CLI::PositiveNumber)
+      ->group(optimizer);
+  flag(cmd, "--lr_power", o.lr_power, "Power of the polynomial schedule")->group(optimizer);
+  flag(cmd, "--adam_beta1", o.adam.beta1, "AdamW beta1")->group(optimizer);
+  flag(cmd, "--adam_beta2", o.adam.beta2, "AdamW beta2")->group(optimizer);
+  flag(cmd, "--adam_weight_decay", o.adam.weight_decay, "AdamW decoupled weight decay")->group(optimizer);
+  flag(cmd, "--adam_epsilon", o.adam.eps, "AdamW epsilon")->group(optimizer);
+  flag(cmd, "--max_grad_norm", o.max_grad_norm, "Clip the global gradient norm to this (unset: no clipping)")
+      ->group(optimizer);
+
+  const std::string ema = "EMA of the weights (diffusers' EMAModel)";
+  switch_flag(cmd, "--use_ema", o.use_ema, "Keep an exponential moving average of the trained weights")->group(ema);
+  flag(cmd, "--ema_decay", o.ema.decay, "Upper bound of the EMA decay")->group(ema);
+  flag(cmd, "--ema_min_decay", o.ema.min_decay, "Lower bound of the EMA decay")->group(ema);
+  flag(cmd, "--ema_update_after_step", o.ema.update_after_step, "Steps before the EMA starts to average")->group(ema);
+  switch_flag(cmd, "--ema_use_warmup", o.ema.use_warmup,
+              "Decay 1 - (1 + step / inv_gamma)^-power instead of (1 + step) / (10 + step)")
+      ->group(ema);
+  flag(cmd, "--ema_inv_gamma", o.ema.inv_gamma, "EMA warm-up inverse gamma")->group(ema);
+  flag(cmd, "--ema_power", o.ema.power, "EMA warm-up power")->group(ema);
+
+  const std::string outputs = "Outputs, checkpoints and logs";
+  flag(cmd, "--output_dir", o.output_dir, "Where the results, checkpoints and logs go")->group(outputs);
+  flag(cmd, "--checkpointing_steps", o.checkpointing_steps, "Write a resumable checkpoint-N every N steps")
+      ->check(CLI::PositiveNumber)
+      ->group(outputs);
+  flag(cmd, "--checkpoints_total_limit", o.checkpoints_total_limit, "Keep at most this many checkpoints")
+      ->check(CLI::PositiveNumber)
+      ->group(outputs);
+  flag(cmd, "--resume_from_checkpoint", o.resume_from_checkpoint, "A checkpoint-N folder, or 'latest'")->group(outputs);
+  flag(cmd, "--logging_dir", o.logging_dir, "Metrics folder, relative to --output_dir")->group(outputs);
+  flag(cmd, "--report_to", o.report_to, "Where metrics go; sdtrain writes JSON lines to --logging_dir")->group(outputs);
+
+  const std::string run = "Precision, randomness and ranks";
+  flag(cmd, "--mixed_precision", o.mixed_precision,
+       "bf16: bfloat16 forward/backward with float32 master weights; fp16 is taken as bf16 on CPU")
+      ->check(CLI::IsMember({"no", "fp16", "bf16"}))
+      ->group(run);
+  flag(cmd, "--seed", o.seed, "Seed for reproducible training (random if not given)")->group(run);
+  flag(cmd, "--sharding", o.sharding,
+       "no_shard: every rank keeps all optimizer state; shard_grad_op: each keeps its share of gradients, master "
+       "weights, AdamW moments and EMA (FSDP SHARD_GRAD_OP)")
+      ->check(CLI::IsMember({"no_shard", "shard_grad_op"}))
+      ->group(run);
+  flag(cmd, "--threads", o.threads, "Intra-op threads of this rank (default: cores / ranks on this node)")
+      ->check(CLI::PositiveNumber)
+      ->group(run);
+  flag(cmd, "--dist_timeout", o.dist_timeout_s, "Seconds before a lost or hung peer ends the run")->group(run);
+  flag(cmd, "--dist_iface", o.dist_iface, "Network interface for collectives (else GLOO_SOCKET_IFNAME)")->group(run);
+}
+
+void add_python_only_training_flags(CLI::App* cmd) {
+  accepted_python_flag(cmd, "--push_to_hub", false, "sdtrain never uploads; copy --output_dir yourself");
+  accepted_python_flag(cmd, "--hub_token", true, "sdtrain never uploads; ignored");
+  accepted_python_flag(cmd, "--hub_model_id", true, "sdtrain never uploads; ignored");
+  accepted_python_flag(cmd, "--enable_xformers_memory_efficient_attention", false,
+                       "xformers is CUDA-only; sdtrain uses its own attention");
+  accepted_python_flag(cmd, "--allow_tf32", false, "TF32 is a CUDA setting; ignored on CPU");
+  accepted_python_flag(cmd, "--local_rank", true, "ranks come from the launcher's environment");
+}
+
+void record_command_line(CLI::App* cmd, train::TrainerOptions& o) {
+  nlohmann::json flags = nlohmann::json::object();
+  for (const CLI::Option* option : cmd->get_options()) {
+    if (option->count() == 0 || option->get_lnames().empty()) continue;
+    const auto values = option->results();
+    flags[option->get_lnames().front()] = values.size() == 1 ? nlohmann::json(values.front()) : nlohmann::json(values);
+  }
+  const auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  char started[32];
+  std::strftime(started, sizeof started, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  o.run_info = {{"command", cmd->get_name()}, {"flags", flags}, {"started", started}};
+}
+
+}  // namespace sd::cli

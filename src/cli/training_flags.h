@@ -1,0 +1,20 @@
+// The flags every training subcommand takes (batching, optimizer, lr schedule, EMA, checkpoints, logging,
+// precision, distributed), defined once. A subcommand sets its reference script's defaults in the options before
+// registering them, so --help shows the right ones.
+#pragma once
+#include <CLI/CLI.hpp>
+
+#include "train/trainer.h"
+
+namespace sd::cli {
+
+void add_trainer_flags(CLI::App* cmd, train::TrainerOptions& o);
+
+// Flags of diffusers' scripts that only make sense in Python (hub uploads, xformers, ...): accepted so command
+// lines carry over, each with a one-line note when used.
+void add_python_only_training_flags(CLI::App* cmd);
+
+// Records the command line in o.run_info (for <logging_dir>/run.json); call from the subcommand's callback.
+void record_command_line(CLI::App* cmd, train::TrainerOptions& o);
+
+}  // namespace sd::cli

@@ -1,0 +1,189 @@
+#include "dist/gradient_reducer.h"
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include "core/error.h"
+
+namespace sd::dist {
+namespace {
+
+using torch::autograd::Node;
+using torch::autograd::variable_list;
+
+// Runs after a parameter's AccumulateGrad node, i.e. once .grad holds this backward's gradient.
+class GradReadyHook : public torch::autograd::FunctionPostHook {
+ public:
+  explicit GradReadyHook(std::function<void()> fn) : fn_(std::move(fn)) {}
+  variable_list operator()(const variable_list& outputs, const variable_list& inputs) override {
+    fn_();
+    return outputs;
+  }
+
+ private:
+  std::function<void()> fn_;
+};
+
+}  // namespace
+
+GradientReducer::GradientReducer(std::shared_ptr<Communicator> comm, std::vector<at::Tensor> params,
+                                 const BucketLayout& layout)
+    : comm_(std::move(comm)),
+      params_(std::move(params)),
+      layout_(layout),
+      rank_(comm_->rank()),
+      sharded_(layout.sharded()) {
+  SD_CHECK(params_.size() == layout_.num_params(), "GradientReducer: {} parameters but a layout of {}", params_.size(),
+           layout_.num_params());
+  SD_CHECK(layout_.world() == comm_->world_size(), "GradientReducer: a layout for {} ranks in a world of {}",
+           layout_.world(), comm_->world_size());
+  const size_t num_buckets = layout_.buckets().size();
+  buffers_.resize(num_buckets);
+  pooled_of_.resize(num_buckets);
+  ready_.assign(num_buckets, 0);
+  folded_.assign(num_buckets, false);
+  written_.assign(params_.size(), false);
+  for (size_t b = 0; b < num_buckets; ++b) {
+    if (sharded_)
+      owned_sums_.push_back(at::zeros({layout_.owned_numel(b, rank_)}, at::kFloat));
+    else
+      buffers_[b] = at::zeros({layout_.buckets()[b].padded_numel}, at::kFloat);
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const at::Tensor& p = params_[i];
+    SD_CHECK(p.defined() && p.requires_grad() && p.is_leaf(),
+             "GradientReducer: parameter {} must be a leaf tensor that requires grad", i);
+    SD_CHECK(p.numel() == layout_.slot_of(i).numel, "GradientReducer: parameter {} has {} elements, the layout {}", i,
+             p.numel(), layout_.slot_of(i).numel);
+    std::shared_ptr<Node> acc = torch::autograd::impl::grad_accumulator(p);
+    SD_CHECK(acc, "GradientReducer: parameter {} has no gradient accumulator", i);
+    hook_keys_.push_back(acc->add_post_hook(std::make_unique<GradReadyHook>([this, i] { on_grad_ready(i); })));
+    accumulators_.push_back(acc);
+  }
+}
+
+GradientReducer::~GradientReducer() {
+  for (size_t i = 0; i < accumulators_.size(); ++i)
+    std::static_pointer_cast<Node>(accumulators_[i])->del_post_hook(hook_keys_[i]);
+}
+
+void GradientReducer::begin_micro_batch(bool first, bool last) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  first_ = first;
+  last_ = last;
+  in_backward_ = true;
+  if (first) {
+    sent_during_backward_ = 0;
+    folded_.assign(folded_.size(), false);
+  }
+  // Unsharded, a step's micro-batches accumulate into the same buffers: the first write of a step copies.
+  if (sharded_ || first) written_.assign(written_.size(), false);
+  ready_.assign(ready_.size(), 0);
+  next_to_send_ = 0;
+}
+
+void GradientReducer::on_grad_ready(size_t i) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  at::Tensor& p = params_[i];
+  if (!hook_error_.empty() || !in_backward_) {
+    p.mutable_grad() = at::Tensor();
+    return;
+  }
+  try {
+    const size_t b = layout_.bucket_of(i);
+    const BucketSlot& slot = layout_.slot_of(i);
+    at::Tensor dst = buffer_for(b).narrow(0, slot.offset, slot.numel);
+    const at::Tensor grad = p.grad().reshape({-1});
+    if (written_[i])
+      dst.add_(grad);
+    else
+      dst.copy_(grad);
+    written_[i] = true;
+    p.mutable_grad() = at::Tensor();  // the bucket holds it now
+    ++ready_[b];
+    send_ready_buckets_locked(/*flush=*/false);
+  } catch (const std::exception& e) {
+    hook_error_ = e.what();
+  }
+}
+
+at::Tensor& GradientReducer::buffer_for(size_t b) {
+  if (!buffers_[b].defined()) {
+    // Sharded: a pooled buffer for this micro-batch; when all are travelling, wait for the oldest to arrive.
+    if (free_buffers_.empty() && !in_flight_.empty()) complete_oldest_locked();
+    if (free_buffers_.empty()) {
+      int64_t largest = 0;
+      for (const Bucket& bucket : layout_.buckets()) largest = std::max(largest, bucket.padded_numel);
+      free_buffers_.push_back(at::empty({largest}, at::kFloat));
+    }
+    pooled_of_[b] = free_buffers_.back();
+    free_buffers_.pop_back();
+    buffers_[b] = pooled_of_[b].narrow(0, 0, layout_.buckets()[b].padded_numel);
+  }
+  return buffers_[b];
+}
+
+// Buckets go out strictly in index order, so every rank issues the same collectives in the same order even when
+// its backward finished gradients in a different order.
+void GradientReducer::send_ready_buckets_locked(bool flush) {
+  if (!sharded_ && !last_) return;  // unsharded, only the step's last micro-batch communicates
+  const auto& buckets = layout_.buckets();
+  while (next_to_send_ < buckets.size() && (flush || ready_[next_to_send_] == buckets[next_to_send_].slots.size())) {
+    send_bucket_locked(next_to_send_);
+    if (in_backward_ && !flush) ++sent_during_backward_;
+    ++next_to_send_;
+  }
+}
+
+void GradientReducer::send_bucket_locked(size_t b) {
+  const Bucket& bucket = layout_.buckets()[b];
+  at::Tensor& buffer = buffer_for(b);
+  for (const BucketSlot& slot : bucket.slots)
+    if (!written_[slot.param]) buffer.narrow(0, slot.offset, slot.numel).zero_();
+  if (bucket.padded_numel > bucket.numel) buffer.narrow(0, bucket.numel, bucket.padded_numel - bucket.numel).zero_();
+  if (sharded_) {
+    in_flight_.push_back({b, buffer, pooled_of_[b], comm_->reduce_scatter_sum_async(buffer)});
+    buffers_[b] = pooled_of_[b] = at::Tensor();  // the pooled buffer travels; it returns to the pool once folded in
+  } else {
+    in_flight_.push_back({b, buffer, buffer, comm_->allreduce_sum_async(buffer)});
+  }
+}
+
+void GradientReducer::complete_oldest_locked() {
+  InFlight f = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  f.pending->wait();
+  if (!sharded_) return;
+  const at::Tensor mine =
+      f.buffer.narrow(0, layout_.owned_begin(f.bucket, rank_), layout_.owned_numel(f.bucket, rank_));
+  if (folded_[f.bucket])
+    owned_sums_[f.bucket].add_(mine);
+  else
+    owned_sums_[f.bucket].copy_(mine);
+  folded_[f.bucket] = true;
+  free_buffers_.push_back(f.pooled);
+}
+
+void GradientReducer::check_hook_error_locked() {
+  if (hook_error_.empty()) return;
+  std::string error = std::move(hook_error_);
+  hook_error_.clear();
+  throw Error(error);
+}
+
+void GradientReducer::end_micro_batch() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  in_backward_ = false;
+  check_hook_error_locked();
+  send_ready_buckets_locked(/*flush=*/true);
+}
+
+const std::vector<at::Tensor>& GradientReducer::finish() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  check_hook_error_locked();
+  while (!in_flight_.empty()) complete_oldest_locked();
+  return sharded_ ? owned_sums_ : buffers_;
+}
+
+}  // namespace sd::dist

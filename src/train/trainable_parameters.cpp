@@ -1,0 +1,371 @@
+#include "train/trainable_parameters.h"
+
+#include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <cmath>
+#include <map>
+
+#include "core/error.h"
+#include "core/log.h"
+
+namespace sd::train {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+Sharding parse_sharding(const std::string& name) {
+  if (name == "no_shard") return Sharding::kNoShard;
+  if (name == "shard_grad_op") return Sharding::kShardGradOp;
+  fail("--sharding: expected no_shard or shard_grad_op, got '{}'", name);
+}
+
+std::string sharding_name(Sharding sharding) {
+  return sharding == Sharding::kShardGradOp ? "shard_grad_op" : "no_shard";
+}
+
+const char* state_kind_name(StateKind kind) {
+  switch (kind) {
+    case StateKind::kMaster: return "master";
+    case StateKind::kExpAvg: return "exp_avg";
+    case StateKind::kExpAvgSq: return "exp_avg_sq";
+    case StateKind::kEma: return "ema";
+  }
+  return "?";
+}
+
+namespace {
+
+std::string fill_key(const std::string& pattern, const std::string& name) {
+  std::string key = pattern;
+  const auto at = key.find("{}");
+  if (at != std::string::npos) key.replace(at, 2, name);
+  return key;
+}
+
+std::string shard_file(int rank, int world) {
+  return fmt::format("shards/rank-{:05}-of-{:05}.safetensors", rank, world);
+}
+
+}  // namespace
+
+TrainableParameters::TrainableParameters(std::vector<NamedParameter> params, TrainableOptions options,
+                                         std::shared_ptr<dist::Communicator> comm)
+    : params_(std::move(params)),
+      options_(std::move(options)),
+      comm_(std::move(comm)),
+      rank_(comm_->rank()),
+      adam_(options_.adam) {
+  SD_CHECK(!params_.empty(), "nothing to train: the task has no trainable parameters");
+  std::vector<int64_t> numels;
+  for (const auto& p : params_) {
+    SD_CHECK(p.tensor.defined() && p.tensor.is_leaf() && p.tensor.requires_grad(),
+             "trainable parameter {} must be a leaf tensor that requires grad", p.name);
+    numels.push_back(p.tensor.numel());
+    numel_ += p.tensor.numel();
+  }
+  const bool sharded = options_.sharding == Sharding::kShardGradOp;
+  layout_ = std::make_unique<dist::BucketLayout>(numels, std::max<int64_t>(1, options_.bucket_cap_bytes / 4),
+                                                 comm_->world_size(), sharded);
+  const at::ScalarType compute = options_.precision.compute;
+  const bool master_is_compute = compute == at::kFloat;
+  at::NoGradGuard no_grad;
+  for (size_t b = 0; b < layout_->buckets().size(); ++b) {
+    const dist::Bucket& bucket = layout_->buckets()[b];
+    const int64_t owned_begin = layout_->owned_begin(b, rank_), owned_numel = layout_->owned_numel(b, rank_);
+    compute_.push_back(at::zeros({bucket.padded_numel}, at::TensorOptions().dtype(compute)));
+    master_.push_back(master_is_compute ? compute_[b].narrow(0, owned_begin, owned_numel)
+                                        : at::zeros({owned_numel}, at::kFloat));
+    // The float32 starting values go into the master slice before the parameters become (maybe lossy) views.
+    if (!master_is_compute)
+      for (const dist::OwnedPiece& piece : layout_->owned_pieces(b, rank_))
+        master_[b]
+            .narrow(0, piece.offset, piece.end - piece.begin)
+            .copy_(params_[piece.param].tensor.detach().reshape({-1}).narrow(0, piece.begin, piece.end - piece.begin));
+    for (const dist::BucketSlot& slot : bucket.slots) {
+      at::Tensor& p = params_[slot.param].tensor;
+      at::Tensor view = compute_[b].narrow(0, slot.offset, slot.numel);
+      view.copy_(p.detach().reshape({-1}));
+      p.set_data(view.view(p.sizes()));
+    }
+  }
+  std::vector<at::Tensor> zeros_m, zeros_v;
+  for (const auto& m : master_) {
+    zeros_m.push_back(at::zeros_like(m));
+    zeros_v.push_back(at::zeros_like(m));
+  }
+  adam_.set_state(std::move(zeros_m), std::move(zeros_v), 0);
+  if (options_.ema) ema_.emplace(*options_.ema, master_);
+  std::vector<at::Tensor> leaves;
+  for (const auto& p : params_) leaves.push_back(p.tensor);
+  // After set_data: the parameters' gradient accumulators are (re)created for the new dtype only now.
+  reducer_ = std::make_unique<dist::GradientReducer>(comm_, std::move(leaves), *layout_);
+}
+
+void TrainableParameters::backward(const at::Tensor& loss, bool first_micro_batch, bool last_micro_batch) {
+  reducer_->begin_micro_batch(first_micro_batch, last_micro_batch);
+  loss.backward();
+  reducer_->end_micro_batch();
+}
+
+double TrainableParameters::reduce_gradients(int64_t micro_batches, std::optional<double> max_norm) {
+  at::NoGradGuard no_grad;
+  grads_ = reducer_->finish();
+  const double scale = 1.0 / static_cast<double>(micro_batches * comm_->world_size());
+  // One norm per parameter (piece), as torch's clip_grad_norm_ takes them: a float32 norm over a whole bucket of
+  // millions of elements would lose digits.
+  double sum_of_squares = 0;
+  for (size_t b = 0; b < grads_.size(); ++b) {
+    at::Tensor& g = grads_[b];
+    if (scale != 1.0) g.mul_(scale);
+    for (const dist::OwnedPiece& piece : layout_->owned_pieces(b, rank_)) {
+      const double norm = at::norm(g.narrow(0, piece.offset, piece.end - piece.begin), 2).item<double>();
+      sum_of_squares += norm * norm;
+    }
+  }
+  if (layout_->sharded() && comm_->world_size() > 1) {
+    std::vector<at::Tensor> total{at::tensor(sum_of_squares, at::kDouble)};
+    comm_->allreduce_sum(total);
+    sum_of_squares = total[0].item<double>();
+  }
+  const auto total_norm = static_cast<float>(std::sqrt(sum_of_squares));
+  if (max_norm) {
+    // torch's clip_grad_norm_ in float32: max_norm * reciprocal(total_norm + 1e-6), clamped to 1.
+    const float coefficient = (1.0f / (total_norm + 1e-6f)) * static_cast<float>(*max_norm);
+    if (coefficient < 1.0f)
+      for (auto& g : grads_) g.mul_(coefficient);
+  }
+  return total_norm;
+}
+
+void TrainableParameters::step(double lr) {
+  SD_CHECK(grads_.size() == master_.size(), "optimizer step without reduced gradients");
+  adam_.step(master_, grads_, lr);
+  if (ema_) ema_->update(master_);
+  refresh_compute_weights(StateKind::kMaster);
+  grads_.clear();
+}
+
+at::Tensor TrainableParameters::gradient(size_t i) const {
+  SD_CHECK(!grads_.empty(), "no reduced gradients (call reduce_gradients first)");
+  SD_CHECK(!layout_->sharded() || comm_->world_size() == 1, "a sharded rank holds only its part of each gradient");
+  const dist::BucketSlot& slot = layout_->slot_of(i);
+  return grads_[layout_->bucket_of(i)].narrow(0, slot.offset, slot.numel).view(params_[i].tensor.sizes());
+}
+
+std::vector<at::Tensor>& TrainableParameters::state_of(StateKind kind) {
+  switch (kind) {
+    case StateKind::kMaster: return master_;
+    case StateKind::kExpAvg: return adam_.exp_avg();
+    case StateKind::kExpAvgSq: return adam_.exp_avg_sq();
+    case StateKind::kEma:
+      SD_CHECK(ema_.has_value(), "this run keeps no EMA weights (--use_ema)");
+      return ema_->shadow();
+  }
+  fail("unknown state kind");
+}
+
+void TrainableParameters::refresh_compute_weights(StateKind from) {
+  at::NoGradGuard no_grad;
+  const std::vector<at::Tensor>& source = state_of(from);
+  for (size_t b = 0; b < compute_.size(); ++b) {
+    at::Tensor mine = compute_[b].narrow(0, layout_->owned_begin(b, rank_), layout_->owned_numel(b, rank_));
+    if (!mine.is_same(source[b])) mine.copy_(source[b]);
+  }
+  if (!layout_->sharded() || comm_->world_size() == 1) return;
+  std::vector<std::unique_ptr<dist::PendingCollective>> pending;
+  for (auto& c : compute_) pending.push_back(comm_->all_gather_async(c));
+  for (auto& p : pending) p->wait();
+}
+
+io::TensorMap TrainableParameters::gather(StateKind kind) {
+  at::NoGradGuard no_grad;
+  const std::vector<at::Tensor>& state = state_of(kind);
+  io::TensorMap out;
+  const bool distributed = layout_->sharded() && comm_->world_size() > 1;
+  for (size_t b = 0; b < state.size(); ++b) {
+    at::Tensor whole = state[b];
+    if (distributed) {
+      whole = at::zeros({layout_->buckets()[b].padded_numel}, at::kFloat);
+      whole.narrow(0, layout_->owned_begin(b, rank_), layout_->owned_numel(b, rank_)).copy_(state[b]);
+      comm_->all_gather_async(whole)->wait();
+    }
+    if (rank_ != 0) continue;
+    for (const dist::BucketSlot& slot : layout_->buckets()[b].slots) {
+      const NamedParameter& p = params_[slot.param];
+      out[p.name] = whole.narrow(0, slot.offset, slot.numel).view(p.tensor.sizes()).clone();
+    }
+  }
+  return out;
+}
+
+std::unique_ptr<TrainableParameters::ComputeSwap> TrainableParameters::swap_in_ema() {
+  SD_CHECK(ema_.has_value(), "no EMA weights to swap in");
+  auto guard = std::make_unique<ComputeSwap>(this);
+  // In float32 the masters live inside the compute buffers: keep them aside until the guard restores them.
+  if (options_.precision.compute == at::kFloat)
+    for (const auto& m : master_) guard->saved_masters_.push_back(m.clone());
+  refresh_compute_weights(StateKind::kEma);
+  return guard;
+}
+
+TrainableParameters::ComputeSwap::~ComputeSwap() {
+  at::NoGradGuard no_grad;
+  for (size_t b = 0; b < saved_masters_.size(); ++b) owner_->master_[b].copy_(saved_masters_[b]);
+  owner_->refresh_compute_weights(StateKind::kMaster);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Checkpoints. Without sharding rank 0 holds every state whole and writes it under the parameters' own names (so
+// the files are useful alone); with sharding every rank writes the pieces of its slices. The returned JSON lists
+// where every piece of every state is, so a checkpoint loads into any world size and either sharding mode.
+
+json TrainableParameters::save(const fs::path& dir, const WholeTensorFiles& whole) {
+  std::vector<StateKind> kinds = {StateKind::kMaster, StateKind::kExpAvg, StateKind::kExpAvgSq};
+  if (ema_) kinds.push_back(StateKind::kEma);
+  json manifest = {{"sharding", sharding_name(options_.sharding)},
+                   {"world_size", comm_->world_size()},
+                   {"optimizer_steps", adam_.steps()},
+                   {"ema_optimization_step", ema_ ? ema_->optimization_step() : 0}};
+  json parameters = json::array();
+  for (const auto& p : params_) parameters.push_back({{"name", p.name}, {"shape", p.tensor.sizes().vec()}});
+  manifest["parameters"] = std::move(parameters);
+
+  if (!layout_->sharded() || comm_->world_size() == 1) {
+    const std::map<StateKind, std::pair<std::string, std::string>> where = {
+        {StateKind::kMaster, {whole.master_file, whole.master_key}},
+        {StateKind::kExpAvg, {whole.optimizer_file, "{}.exp_avg"}},
+        {StateKind::kExpAvgSq, {whole.optimizer_file, "{}.exp_avg_sq"}},
+        {StateKind::kEma, {whole.ema_file, whole.ema_key}}};
+    json files = json::object();
+    std::map<std::string, io::TensorMap> contents;
+    for (StateKind kind : kinds) {
+      const auto& [file, key] = where.at(kind);
+      files[state_kind_name(kind)] = {{"file", file}, {"key", key}};
+      if (rank_ != 0) continue;
+      for (auto& [name, tensor] : gather(kind)) contents[file][fill_key(key, name)] = std::move(tensor);
+    }
+    for (const auto& [file, tensors] : contents) {
+      fs::create_directories((dir / file).parent_path());
+      io::save_safetensors(dir / file, tensors);
+    }
+    manifest["whole_files"] = std::move(files);
+    return manifest;
+  }
+
+  // Sharded: every rank writes its own file; the piece list is the same computation on every rank.
+  io::TensorMap mine;
+  json pieces = json::array();
+  for (int r = 0; r < comm_->world_size(); ++r) {
+    const std::string file = shard_file(r, comm_->world_size());
+    for (size_t b = 0; b < layout_->buckets().size(); ++b) {
+      for (const dist::OwnedPiece& piece : layout_->owned_pieces(b, r)) {
+        const std::string& name = params_[piece.param].name;
+        for (StateKind kind : kinds) {
+          const std::string key = fmt::format("{}/{}", state_kind_name(kind), name);
+          pieces.push_back({{"kind", state_kind_name(kind)},
+                            {"param", name},
+                            {"file", file},
+                            {"key", key},
+                            {"begin", piece.begin},
+                            {"end", piece.end}});
+          if (r == rank_) mine[key] = state_of(kind)[b].narrow(0, piece.offset, piece.end - piece.begin);
+        }
+      }
+    }
+  }
+  fs::create_directories((dir / shard_file(rank_, comm_->world_size())).parent_path());
+  io::save_safetensors(dir / shard_file(rank_, comm_->world_size()), mine);
+  manifest["pieces"] = std::move(pieces);
+  return manifest;
+}
+
+namespace {
+
+struct StoredPiece {
+  std::string file, key;
+  int64_t begin = 0, end = 0;
+};
+
+// (kind, parameter) -> where its elements are stored.
+using PieceIndex = std::map<std::pair<std::string, std::string>, std::vector<StoredPiece>>;
+
+PieceIndex index_pieces(const json& manifest, const fs::path& dir) {
+  PieceIndex index;
+  if (manifest.contains("whole_files")) {
+    for (const auto& p : manifest.at("parameters")) {
+      int64_t numel = 1;
+      for (const auto& d : p.at("shape")) numel *= d.get<int64_t>();
+      for (const auto& [kind, where] : manifest.at("whole_files").items())
+        index[{kind, p.at("name")}].push_back(
+            {where.at("file"), fill_key(where.at("key"), p.at("name").get<std::string>()), 0, numel});
+    }
+  }
+  if (manifest.contains("pieces"))
+    for (const auto& p : manifest.at("pieces"))
+      index[{p.at("kind"), p.at("param")}].push_back({p.at("file"), p.at("key"), p.at("begin"), p.at("end")});
+  return index;
+}
+
+}  // namespace
+
+void TrainableParameters::load(const fs::path& dir, const json& manifest) {
+  at::NoGradGuard no_grad;
+  const json& stored = manifest.at("parameters");
+  SD_CHECK(stored.size() == params_.size(), "{}: the checkpoint trains {} tensors, this run {}", dir.string(),
+           stored.size(), params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const auto shape = stored[i].at("shape").get<std::vector<int64_t>>();
+    SD_CHECK(stored[i].at("name") == params_[i].name && shape == params_[i].tensor.sizes().vec(),
+             "{}: the checkpoint's trained tensor {} is {} [{}], this run's is {} [{}]", dir.string(), i,
+             stored[i].at("name").get<std::string>(), fmt::join(shape, ", "), params_[i].name,
+             fmt::join(params_[i].tensor.sizes(), ", "));
+  }
+  const PieceIndex index = index_pieces(manifest, dir);
+  std::map<std::string, std::unique_ptr<io::SafeTensorsFile>> files;
+  auto read = [&](const StoredPiece& piece) {
+    auto& file = files[piece.file];
+    if (!file) file = std::make_unique<io::SafeTensorsFile>(dir / piece.file);
+    SD_CHECK(file->contains(piece.key), "{}: missing tensor '{}'", (dir / piece.file).string(), piece.key);
+    at::Tensor t = file->read(piece.key).reshape({-1});
+    SD_CHECK(t.numel() == piece.end - piece.begin, "{}: tensor '{}' has {} elements, the manifest says {}",
+             (dir / piece.file).string(), piece.key, t.numel(), piece.end - piece.begin);
+    return t;
+  };
+
+  std::vector<StateKind> kinds = {StateKind::kMaster, StateKind::kExpAvg, StateKind::kExpAvgSq};
+  const bool stored_ema = index.count({"ema", params_.front().name}) > 0;
+  if (ema_ && stored_ema) kinds.push_back(StateKind::kEma);
+  for (StateKind kind : kinds) {
+    const std::string kind_name = state_kind_name(kind);
+    for (size_t b = 0; b < layout_->buckets().size(); ++b) {
+      for (const dist::OwnedPiece& want : layout_->owned_pieces(b, rank_)) {
+        const std::string& name = params_[want.param].name;
+        auto it = index.find({kind_name, name});
+        SD_CHECK(it != index.end(), "{}: the checkpoint has no {} state for {}", dir.string(), kind_name, name);
+        int64_t covered = 0;
+        for (const StoredPiece& have : it->second) {
+          const int64_t lo = std::max(want.begin, have.begin), hi = std::min(want.end, have.end);
+          if (lo >= hi) continue;
+          state_of(kind)[b]
+              .narrow(0, want.offset + lo - want.begin, hi - lo)
+              .copy_(read(have).narrow(0, lo - have.begin, hi - lo));
+          covered += hi - lo;
+        }
+        SD_CHECK(covered == want.end - want.begin, "{}: the checkpoint's {} state of {} covers {} of {} elements",
+                 dir.string(), kind_name, name, covered, want.end - want.begin);
+      }
+    }
+  }
+  adam_.set_state(adam_.exp_avg(), adam_.exp_avg_sq(), manifest.at("optimizer_steps").get<int64_t>());
+  if (ema_) {
+    if (!stored_ema) {
+      for (size_t b = 0; b < master_.size(); ++b) ema_->shadow()[b].copy_(master_[b]);
+      log::warn("{} holds no EMA weights; the EMA starts from the resumed weights", dir.string());
+    }
+    ema_->set_optimization_step(stored_ema ? manifest.at("ema_optimization_step").get<int64_t>() : 0);
+  }
+  refresh_compute_weights(StateKind::kMaster);
+}
+
+}  // namespace sd::train

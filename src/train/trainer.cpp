@@ -1,0 +1,275 @@
+#include "train/trainer.h"
+
+#include <ATen/Parallel.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <random>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "core/progress.h"
+#include "core/threads.h"
+#include "dist/rendezvous.h"
+#include "dist/signals.h"
+#include "dist/threads.h"
+#include "io/atomic_file.h"
+#include "io/json_config.h"
+#include "train/checkpoints.h"
+
+namespace sd::train {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+json TrainingState::to_json() const {
+  return {{"global_step", step}, {"seed", seed}, {"global_batch", global_batch}, {"samples_seen", samples_seen}};
+}
+
+TrainingState TrainingState::from_json(const json& j, const std::string& source) {
+  TrainingState s;
+  try {
+    s.step = j.at("global_step").get<int64_t>();
+    s.seed = j.at("seed").get<uint64_t>();
+    s.global_batch = j.at("global_batch").get<int64_t>();
+    s.samples_seen = j.value("samples_seen", s.step * s.global_batch);
+  } catch (const json::exception& e) {
+    fail("{}: training state is incomplete or malformed ({})", source, e.what());
+  }
+  SD_CHECK(s.step >= 0 && s.global_batch >= 1, "{}: training state has step {} and global batch {}", source, s.step,
+           s.global_batch);
+  return s;
+}
+
+namespace {
+
+// Micro-batches per step: --gradient_accumulation_steps, or what --global_batch_size implies.
+int64_t accumulation_for(const TrainerOptions& o, int world) {
+  SD_CHECK(o.train_batch_size >= 1, "--train_batch_size must be at least 1, got {}", o.train_batch_size);
+  if (!o.global_batch_size) {
+    SD_CHECK(o.gradient_accumulation_steps >= 1, "--gradient_accumulation_steps must be at least 1, got {}",
+             o.gradient_accumulation_steps);
+    return o.gradient_accumulation_steps;
+  }
+  const int64_t per_step = o.train_batch_size * world;
+  SD_CHECK(*o.global_batch_size >= per_step && *o.global_batch_size % per_step == 0,
+           "--global_batch_size {} must be a multiple of --train_batch_size {} x {} rank(s) = {}", *o.global_batch_size,
+           o.train_batch_size, world, per_step);
+  return *o.global_batch_size / per_step;
+}
+
+// 128 + the signal that stopped the run (SIGTERM when another rank was signalled), so a restart policy relaunches.
+int stop_exit_code() { return 128 + (dist::stop_signal() ? dist::stop_signal() : SIGTERM); }
+
+}  // namespace
+
+RunContext start_run(const TrainerOptions& o) {
+  const dist::DistEnv env = dist::detect_dist_env();
+  set_compute_threads(dist::threads_for_rank(o.threads, env));
+  dist::install_stop_signal_handlers();
+  dist::CommOptions comm_options;
+  comm_options.timeout = dist::timeout_from_seconds(o.dist_timeout_s);
+  comm_options.iface = o.dist_iface;
+  RunContext context;
+  context.comm = dist::make_communicator(env, comm_options);
+  log::set_rank(context.comm->rank(), context.comm->world_size());
+  context.layout = {o.train_batch_size, accumulation_for(o, context.comm->world_size()), context.comm->world_size()};
+  // Every rank must use the same seed: rank 0 draws one when none is given.
+  at::Tensor seed = at::tensor(static_cast<int64_t>(o.seed.value_or(std::random_device{}() & 0x7fffffff)), at::kLong);
+  context.comm->broadcast(seed, 0);
+  context.seed = static_cast<uint64_t>(seed.item<int64_t>());
+  context.precision = PrecisionPolicy::from_flag(o.mixed_precision);
+  return context;
+}
+
+Trainer::Trainer(const TrainerOptions& options, RunContext& context, Task& task)
+    : options_(options), context_(context), task_(task), output_dir_(options.output_dir) {
+  const data::BatchLayout& layout = context_.layout;
+  state_.seed = context_.seed;
+  state_.global_batch = layout.global();
+  steps_per_epoch_ = task_.dataset_size() / layout.global();
+  SD_CHECK(task_.dataset_size() == 0 || steps_per_epoch_ > 0,
+           "the dataset has {} samples, fewer than one global batch ({} per rank x {} accumulation x {} ranks); "
+           "lower the batch size or add data",
+           task_.dataset_size(), layout.batch, layout.accumulation, layout.world);
+  const std::optional<int64_t> steps = options_.max_train_steps ? options_.max_train_steps : task_.default_max_steps();
+  SD_CHECK(steps || steps_per_epoch_ > 0, "--max_train_steps is required: this data has no epochs to count");
+  max_steps_ = steps.value_or(options_.num_train_epochs * steps_per_epoch_);
+  SD_CHECK(max_steps_ >= 1, "--max_train_steps must be at least 1, got {}", max_steps_);
+
+  base_lr_ = options_.learning_rate * (options_.scale_lr ? static_cast<double>(layout.global()) : 1.0);
+  schedule_ = {options_.lr_scheduler, options_.lr_warmup_steps, max_steps_, options_.lr_num_cycles};
+  schedule_.polynomial_power = options_.lr_power;
+  train::validate(schedule_);
+  SD_CHECK(options_.learning_rate >= 0 && std::isfinite(options_.learning_rate),
+           "--learning_rate must be a finite number >= 0, got {}", options_.learning_rate);
+  SD_CHECK(!options_.max_grad_norm || *options_.max_grad_norm > 0, "--max_grad_norm must be positive, got {}",
+           options_.max_grad_norm.value_or(0));
+  SD_CHECK(options_.checkpointing_steps >= 1, "--checkpointing_steps must be at least 1, got {}",
+           options_.checkpointing_steps);
+
+  TrainableOptions trainable;
+  trainable.precision = context_.precision;
+  trainable.sharding = parse_sharding(options_.sharding);
+  trainable.adam = options_.adam;
+  if (options_.use_ema) trainable.ema = options_.ema;
+  params_ = std::make_unique<TrainableParameters>(task_.trainable_parameters(), trainable, context_.comm);
+
+  if (is_main()) discard_partial_checkpoints(output_dir_);
+  context_.comm->barrier();
+  if (auto checkpoint = resolve_checkpoint(output_dir_, options_.resume_from_checkpoint)) {
+    resume_from(*checkpoint);
+  } else if (!options_.resume_from_checkpoint.empty()) {
+    log::info("no checkpoint in {} to resume from; starting a new training run", output_dir_.string());
+  }
+  if (is_main()) {
+    fs::create_directories(output_dir_);
+    metrics_ = MetricsLog(output_dir_ / options_.logging_dir / "metrics.jsonl", state_.step);
+    json run = options_.run_info;
+    run["world_size"] = layout.world;
+    io::write_text_file(output_dir_ / options_.logging_dir / "run.json", run.dump(2) + "\n");
+  }
+  log::info(
+      "{} rank(s) x batch {} x accumulation {} = global batch {}; {} steps from step {}, lr {:g}, seed {}, "
+      "{} thread(s) per rank, {} trained parameters ({}{})",
+      layout.world, layout.batch, layout.accumulation, layout.global(), max_steps_, state_.step, base_lr_, state_.seed,
+      at::get_num_threads(), params_->numel(), sharding_name(trainable.sharding),
+      context_.precision.mixed() ? ", bf16 compute" : "");
+}
+
+Trainer::~Trainer() = default;
+
+StepReport Trainer::train_step() {
+  const data::BatchLayout& layout = context_.layout;
+  double loss_sum = 0;
+  for (int64_t micro = 0; micro < layout.accumulation; ++micro) {
+    const at::Tensor loss = task_.micro_batch_loss(state_.step, micro);
+    loss_sum += loss.item<double>();
+    params_->backward(loss, micro == 0, micro + 1 == layout.accumulation);
+  }
+  StepReport report;
+  report.grad_norm = params_->reduce_gradients(layout.accumulation, options_.max_grad_norm);
+  report.lr = base_lr_ * lr_multiplier(schedule_, state_.step, base_lr_);
+  params_->step(report.lr);
+  report.ema_decay = params_->last_ema_decay();
+  std::vector<at::Tensor> loss{at::tensor(loss_sum / static_cast<double>(layout.accumulation), at::kDouble)};
+  context_.comm->allreduce_mean(loss);
+  report.loss = loss[0].item<double>();
+  state_.step += 1;
+  state_.samples_seen += layout.global();
+  report.step = state_.step;
+  return report;
+}
+
+void Trainer::record(const StepReport& r, double seconds) {
+  json line = {{"step", r.step},
+               {"loss", r.loss},
+               {"lr", r.lr},
+               {"grad_norm", r.grad_norm},
+               {"step_time_s", seconds},
+               {"images_per_s", static_cast<double>(context_.layout.global()) / seconds}};
+  if (steps_per_epoch_ > 0) line["epoch"] = (r.step - 1) / steps_per_epoch_;
+  if (params_->has_ema()) line["ema_decay"] = r.ema_decay;
+  line.update(task_.step_metrics());
+  metrics_.write(line);
+}
+
+int Trainer::run() {
+  ProgressBar bar(task_.name(), max_steps_, state_.step);
+  if (!is_main()) bar.finish();
+  while (state_.step < max_steps_) {
+    const auto started = std::chrono::steady_clock::now();
+    const StepReport report = train_step();
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    task_.after_step(report);
+    const bool stopping = dist::any_rank_stopping(*context_.comm);
+    if (is_main()) {
+      record(report, seconds);
+      bar.update(report.step, fmt::format("loss {:.4f} lr {:.2e}", report.loss, report.lr));
+      task_.periodic_outputs(report.step);
+    }
+    if (report.step % options_.checkpointing_steps == 0 || stopping) save_checkpoint();
+    if (stopping) {
+      bar.finish();
+      log::info("stopped at step {}: checkpoint-{} written; resume with --resume_from_checkpoint latest", report.step,
+                report.step);
+      return stop_exit_code();
+    }
+    if (task_.wants_validation(report.step, report.step == max_steps_)) validate(report);
+  }
+  bar.finish();
+  const fs::path result = export_final();
+  context_.comm->barrier();
+  if (is_main()) std::printf("%s\n", result.c_str());
+  return 0;
+}
+
+void Trainer::validate(const StepReport& report) {
+  // As diffusers' scripts: validation images come from the EMA weights when there are some.
+  std::unique_ptr<TrainableParameters::ComputeSwap> ema;
+  if (params_->has_ema()) ema = params_->swap_in_ema();
+  if (is_main()) task_.validate(report.step);
+  context_.comm->barrier();
+}
+
+fs::path Trainer::export_final() {
+  io::TensorMap weights = params_->gather(StateKind::kMaster);
+  io::TensorMap ema = params_->has_ema() ? params_->gather(StateKind::kEma) : io::TensorMap{};
+  return is_main() ? task_.export_final(weights, ema) : fs::path();
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Checkpoints: every rank writes its part into checkpoint-N.partial; once all have, the main rank writes
+// manifest.json (which marks the checkpoint whole), renames the folder into place, and only then removes the
+// checkpoints beyond --checkpoints_total_limit.
+
+void Trainer::save_checkpoint() {
+  const fs::path final_dir = output_dir_ / fmt::format("checkpoint-{}", state_.step);
+  const fs::path partial = partial_checkpoint_path(final_dir);
+  if (is_main()) {
+    fs::remove_all(partial);
+    fs::create_directories(partial);
+  }
+  context_.comm->barrier();
+  json manifest = {{"format", kCheckpointFormat},
+                   {"task", task_.name()},
+                   {"identity", task_.identity()},
+                   {"step", state_.step},
+                   {"trained", params_->save(partial, task_.checkpoint_files())},
+                   {"task_state", task_.extra_state()}};
+  if (is_main()) {
+    task_.write_checkpoint_extras(partial);
+    io::write_text_file(partial / "training_state.json", state_.to_json().dump(2) + "\n");
+  }
+  context_.comm->barrier();
+  if (!is_main()) return;
+  io::write_text_file(partial / kManifestName, manifest.dump(1) + "\n");
+  publish_checkpoint(partial, final_dir);
+  remove_old_checkpoints(output_dir_, options_.checkpoints_total_limit);
+}
+
+void Trainer::resume_from(const fs::path& dir) {
+  const json manifest = read_manifest(dir);
+  SD_CHECK(manifest.at("task") == task_.name(), "{}: a {} checkpoint cannot resume a {} run", dir.string(),
+           manifest.at("task").get<std::string>(), task_.name());
+  const json identity = task_.identity();
+  for (const auto& [key, value] : identity.items()) {
+    const json stored = manifest.at("identity").value(key, json());
+    SD_CHECK(stored == value, "{}: the checkpoint was trained with {} = {}, this run has {}", dir.string(), key,
+             stored.dump(), value.dump());
+  }
+  const TrainingState stored = TrainingState::from_json(io::JsonConfig::load(dir / "training_state.json").raw(),
+                                                        (dir / "training_state.json").string());
+  if (stored.global_batch != state_.global_batch)
+    log::warn("{}: the global batch changes from {} to {}; the data order will differ from the original run",
+              dir.string(), stored.global_batch, state_.global_batch);
+  state_.step = stored.step;
+  state_.seed = context_.seed = stored.seed;  // tasks draw their randomness from the context's seed
+  state_.samples_seen = stored.samples_seen;
+  params_->load(dir, manifest.at("trained"));
+  task_.load_extra_state(manifest.value("task_state", json::object()));
+  log::info("resuming from {} (step {})", dir.string(), state_.step);
+}
+
+}  // namespace sd::train

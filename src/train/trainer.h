@@ -1,0 +1,127 @@
+// The one training loop every task runs on (train/task.h). Per optimizer step:
+//   for each micro-batch: loss = task.micro_batch_loss(...); backward (gradients reduced bucket by bucket)
+//   mean gradient over the global batch -> global norm -> clipping -> AdamW -> EMA -> fresh compute weights
+//   metrics, stop vote across ranks, checkpoint, validation
+// The global batch of a step is world x accumulation x batch samples: micro-batch m of rank r takes the step's
+// samples (m * world + r) * batch ... + batch - 1, so the same samples (and random draws, which are keyed by a
+// sample's position) make up a step whatever the world size, and N ranks train what 1 rank with N-fold
+// accumulation trains.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "data/sampler.h"
+#include "dist/communicator.h"
+#include "train/adamw.h"
+#include "train/ema.h"
+#include "train/lr_schedule.h"
+#include "train/metrics_log.h"
+#include "train/precision.h"
+#include "train/task.h"
+#include "train/trainable_parameters.h"
+
+namespace sd::train {
+
+// Everything of the training engine a command line sets; field names are the flags' (diffusers' scripts' names).
+struct TrainerOptions {
+  int64_t train_batch_size = 16;
+  int gradient_accumulation_steps = 1;
+  std::optional<int64_t> global_batch_size;  // MosaicML-style: accumulation derived from world x batch
+  int64_t num_train_epochs = 100;
+  std::optional<int64_t> max_train_steps;
+  double learning_rate = 1e-4;
+  bool scale_lr = false;
+  std::string lr_scheduler = "constant";
+  int64_t lr_warmup_steps = 500;
+  int lr_num_cycles = 1;
+  double lr_power = 1.0;
+  AdamWOptions adam;
+  std::optional<double> max_grad_norm;
+  bool use_ema = false;
+  EmaOptions ema;
+  std::string sharding = "no_shard";
+  std::optional<uint64_t> seed;
+  std::string mixed_precision = "no";
+  std::string output_dir;
+  int64_t checkpointing_steps = 500;
+  std::optional<int> checkpoints_total_limit;
+  std::string resume_from_checkpoint;
+  std::string logging_dir = "logs";
+  std::string report_to = "tensorboard";
+  std::optional<int> threads;
+  double dist_timeout_s = 300;
+  std::string dist_iface;
+  // The command line, kept in <logging_dir>/run.json for reports.
+  nlohmann::json run_info = nlohmann::json::object();
+};
+
+// The plain state a resume needs, beside the trained tensors: everything random is a function of the seed and of
+// a sample's position, so no generator state is stored.
+struct TrainingState {
+  int64_t step = 0;  // optimizer steps done
+  uint64_t seed = 0;
+  int64_t global_batch = 0;
+  int64_t samples_seen = 0;
+  nlohmann::json to_json() const;
+  static TrainingState from_json(const nlohmann::json& j, const std::string& source);
+};
+
+// The process-wide setup a task needs before it loads its models: threads, stop signals, the communicator, the seed
+// every rank shares, the batch layout and the precision policy.
+struct RunContext {
+  std::shared_ptr<dist::Communicator> comm;
+  data::BatchLayout layout;
+  uint64_t seed = 0;
+  PrecisionPolicy precision;
+  bool is_main() const { return comm->rank() == 0; }
+};
+RunContext start_run(const TrainerOptions& options);
+
+class Trainer {
+ public:
+  Trainer(const TrainerOptions& options, RunContext& context, Task& task);
+  ~Trainer();
+  // Trains to max_train_steps (or until a stop signal: then a checkpoint is written and 128 + signal returned).
+  int run();
+
+  int64_t max_steps() const { return max_steps_; }
+  const TrainingState& state() const { return state_; }
+  TrainableParameters& parameters() { return *params_; }
+
+ private:
+  StepReport train_step();
+  void record(const StepReport& report, double seconds);
+  void save_checkpoint();
+  void resume_from(const std::filesystem::path& checkpoint);
+  void validate(const StepReport& report);
+  std::filesystem::path export_final();
+  bool is_main() const { return context_.is_main(); }
+
+  TrainerOptions options_;
+  RunContext& context_;
+  Task& task_;
+  std::filesystem::path output_dir_;
+  std::unique_ptr<TrainableParameters> params_;
+  TrainingState state_;
+  LrSchedule schedule_;
+  double base_lr_ = 0;
+  int64_t max_steps_ = 0;
+  int64_t steps_per_epoch_ = 0;
+  MetricsLog metrics_;
+};
+
+// Starts the run, builds the task from `options` (whose .training are the engine's flags) and trains it; returns the
+// process exit code. What every subcommand's run function does.
+template <typename TaskType, typename Options>
+int train_task(const Options& options) {
+  RunContext context = start_run(options.training);
+  TaskType task(options, context);
+  Trainer trainer(options.training, context, task);
+  return trainer.run();
+}
+
+}  // namespace sd::train

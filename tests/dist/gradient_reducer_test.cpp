@@ -1,0 +1,189 @@
+// GradientReducer against a plain allreduce of all gradients, with ranks as threads (real Gloo on loopback), and
+// the bucket layout and ring collectives it stands on.
+#include "dist/gradient_reducer.h"
+
+#include <gtest/gtest.h>
+#include <torch/nn.h>
+
+#include <mutex>
+
+#include "core/error.h"
+#include "dist/in_process_world.h"
+#include "test_util.h"
+
+namespace sd::dist {
+namespace {
+
+using testing::run_world;
+
+// A small MLP whose parameters span several buckets at a tiny bucket cap. `extra` takes part in forward only when
+// asked, so some ranks or micro-batches produce no gradient for it.
+struct Net : torch::nn::Module {
+  Net() {
+    // Same initial weights on every rank; the global generator is shared by the rank threads, hence the lock.
+    static std::mutex init_mutex;
+    std::lock_guard<std::mutex> lock(init_mutex);
+    torch::manual_seed(1234);
+    a = register_module("a", torch::nn::Linear(8, 32));
+    b = register_module("b", torch::nn::Linear(32, 32));
+    c = register_module("c", torch::nn::Linear(32, 4));
+    extra = register_parameter("extra", torch::randn({4}));
+  }
+  at::Tensor forward(const at::Tensor& x, bool use_extra) {
+    auto h = torch::tanh(a->forward(x));
+    h = torch::relu(b->forward(h));
+    auto y = c->forward(h);
+    if (use_extra) y = y * extra;
+    return y.pow(2).mean();
+  }
+  std::vector<int64_t> numels() {
+    std::vector<int64_t> n;
+    for (auto& p : parameters()) n.push_back(p.numel());
+    return n;
+  }
+  torch::nn::Linear a{nullptr}, b{nullptr}, c{nullptr};
+  at::Tensor extra;
+};
+
+at::Tensor input_for(int rank, int micro) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 + 10 * rank + micro);
+  return at::randn({6, 8}, gen);
+}
+
+// Every rank's gradients summed over ranks and micro-batches, flattened into the layout's buckets: what the
+// reducer must produce (rank r's owned slice of it when sharded).
+std::vector<at::Tensor> expected_buckets(const BucketLayout& layout, Net& net, int world, int micro_batches,
+                                         bool extra_on_rank0_only) {
+  std::vector<at::Tensor> flat;
+  for (const Bucket& b : layout.buckets()) flat.push_back(at::zeros({b.padded_numel}, at::kFloat));
+  auto params = net.parameters();
+  for (int r = 0; r < world; ++r) {
+    for (int m = 0; m < micro_batches; ++m) {
+      net.zero_grad(true);
+      net.forward(input_for(r, m), !extra_on_rank0_only || r == 0).backward();
+      for (size_t i = 0; i < params.size(); ++i) {
+        if (!params[i].grad().defined()) continue;
+        const BucketSlot& s = layout.slot_of(i);
+        flat[layout.bucket_of(i)].narrow(0, s.offset, s.numel).add_(params[i].grad().reshape({-1}));
+      }
+    }
+  }
+  net.zero_grad(true);
+  return flat;
+}
+
+struct RankResult {
+  std::vector<at::Tensor> reduced, expected;
+  int64_t sent_during_backward = 0;
+};
+
+std::vector<RankResult> run_step(int world, int micro_batches, int64_t cap, bool sharded, bool extra_on_rank0_only) {
+  std::vector<RankResult> results(world);
+  auto errors = run_world(world, [&](int r, Communicator& comm) {
+    Net net;
+    BucketLayout layout(net.numels(), cap, world, sharded);
+    auto all = expected_buckets(layout, net, world, micro_batches, extra_on_rank0_only);
+    for (size_t b = 0; b < all.size(); ++b)
+      results[r].expected.push_back(all[b].narrow(0, layout.owned_begin(b, r), layout.owned_numel(b, r)));
+    GradientReducer reducer(std::shared_ptr<Communicator>(&comm, [](Communicator*) {}), net.parameters(), layout);
+    for (int m = 0; m < micro_batches; ++m) {
+      reducer.begin_micro_batch(m == 0, m + 1 == micro_batches);
+      net.forward(input_for(r, m), !extra_on_rank0_only || r == 0).backward();
+      reducer.end_micro_batch();
+    }
+    for (const auto& g : reducer.finish()) results[r].reduced.push_back(g.clone());
+    results[r].sent_during_backward = reducer.buckets_sent_during_backward();
+    for (auto& p : net.parameters()) EXPECT_FALSE(p.grad().defined()) << "the buckets hold the gradients";
+  });
+  for (int r = 0; r < world; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  return results;
+}
+
+// Summing the same float32 numbers in another order (ring positions, micro-batches folded one by one) moves the
+// last bits only.
+void expect_close(const std::vector<RankResult>& results) {
+  for (size_t r = 0; r < results.size(); ++r) {
+    ASSERT_EQ(results[r].reduced.size(), results[r].expected.size());
+    for (size_t b = 0; b < results[r].reduced.size(); ++b)
+      EXPECT_TRUE(sd::test::close_rel_max(results[r].reduced[b], results[r].expected[b], 1e-6))
+          << "rank " << r << " bucket " << b;
+  }
+}
+
+TEST(GradientReducer, AllReducesBucketsDuringBackward) {
+  auto results = run_step(2, 1, /*cap=*/512, /*sharded=*/false, false);
+  expect_close(results);
+  // Overlap really happened: buckets went out from autograd hooks, before the backward ended.
+  EXPECT_GT(results[0].sent_during_backward, 0);
+}
+
+TEST(GradientReducer, AccumulatesMicroBatchesAndCountsMissingGradientsAsZeros) {
+  expect_close(run_step(2, 3, 256, false, /*extra_on_rank0_only=*/true));
+}
+
+TEST(GradientReducer, ShardedRanksGetTheirSliceOfEveryBucket) {
+  for (int world : {2, 3}) expect_close(run_step(world, 2, 300, /*sharded=*/true, true));
+}
+
+TEST(GradientReducer, SingleRank) {
+  expect_close(run_step(1, 2, 256, false, false));
+  expect_close(run_step(1, 2, 256, true, false));
+}
+
+TEST(GradientReducer, RejectsParametersWithoutGrad) {
+  at::Tensor frozen = at::zeros({3});
+  BucketLayout layout({3}, 16, 1, false);
+  EXPECT_THROW(GradientReducer(std::make_shared<LocalCommunicator>(), {frozen}, layout), Error);
+}
+
+TEST(BucketLayout, ReverseParameterOrderUnderTheCap) {
+  // numels 256, 32, 1024, 32, 128, 4, 4 at a cap of 256 elements.
+  BucketLayout layout({256, 32, 1024, 32, 128, 4, 4}, 256, 1, false);
+  std::vector<size_t> order;
+  for (const Bucket& b : layout.buckets()) {
+    EXPECT_TRUE(b.numel <= 256 || b.slots.size() == 1) << b.numel;
+    for (const BucketSlot& s : b.slots) order.push_back(s.param);
+  }
+  EXPECT_EQ(order, (std::vector<size_t>{6, 5, 4, 3, 2, 1, 0}));
+  EXPECT_EQ(layout.buckets().size(), 4u);  // [6,5,4,3] [2] [1] [0]
+}
+
+TEST(BucketLayout, ShardsArePaddedEqualSlicesCoveringEveryElementOnce) {
+  BucketLayout layout({10, 7, 5}, 100, 3, true);
+  ASSERT_EQ(layout.buckets().size(), 1u);
+  EXPECT_EQ(layout.buckets()[0].numel, 22);
+  EXPECT_EQ(layout.buckets()[0].padded_numel, 24);
+  std::vector<int> seen(22, 0);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(layout.owned_numel(0, r), 8);
+    for (const OwnedPiece& p : layout.owned_pieces(0, r))
+      for (int64_t e = p.begin; e < p.end; ++e) seen[layout.slot_of(p.param).offset + e]++;
+  }
+  for (int v : seen) EXPECT_EQ(v, 1);
+}
+
+TEST(RingCollectives, ReduceScatterAndAllGatherInPlace) {
+  for (int world : {2, 3}) {
+    std::vector<at::Tensor> scattered(world), gathered(world);
+    auto errors = run_world(world, [&](int r, Communicator& comm) {
+      at::Tensor flat = at::arange(12, at::kFloat) * (r + 1);  // chunks of 12 / world
+      comm.reduce_scatter_sum_async(flat)->wait();
+      scattered[r] = flat.narrow(0, 12 / world * r, 12 / world).clone();
+      at::Tensor mine = at::full({12}, -1.0f);
+      mine.narrow(0, 12 / world * r, 12 / world).fill_(static_cast<float>(r));
+      comm.all_gather_async(mine)->wait();
+      gathered[r] = mine;
+    });
+    const float ranks_sum = world * (world + 1) / 2.0f;
+    for (int r = 0; r < world; ++r) {
+      ASSERT_EQ(errors[r], "");
+      EXPECT_TRUE(
+          at::equal(scattered[r], at::arange(12, at::kFloat).narrow(0, 12 / world * r, 12 / world) * ranks_sum));
+      for (int c = 0; c < world; ++c)
+        EXPECT_TRUE(at::all(gathered[r].narrow(0, 12 / world * c, 12 / world) == c).item<bool>()) << r << " " << c;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace sd::dist
