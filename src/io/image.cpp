@@ -28,9 +28,7 @@ RgbImage center_crop_square(const RgbImage& image) {
   const int side = std::min(image.width, image.height);
   const int top = (image.height - side) / 2;
   const int left = (image.width - side) / 2;
-  RgbImage out{side, side, std::vector<uint8_t>(static_cast<size_t>(side) * side * 3)};
-  for (int y = 0; y < side; ++y) std::copy_n(image.row(top + y) + left * 3, side * 3, out.row(y));
-  return out;
+  return crop(image, top, left, side, side);
 }
 
 namespace {
@@ -38,7 +36,13 @@ namespace {
 // PIL's fixed-point resampling: coefficients carry 32 - 8 - 2 = 22 fractional bits.
 constexpr int kPrecisionBits = 22;
 
-double bicubic_filter(double x) {
+// PIL's resampling filters: the kernel and its support at scale 1.
+struct Filter {
+  double (*kernel)(double);
+  double support;
+};
+
+double bicubic_kernel(double x) {
   constexpr double a = -0.5;
   x = std::fabs(x);
   if (x < 1.0) return ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0;
@@ -46,17 +50,24 @@ double bicubic_filter(double x) {
   return 0.0;
 }
 
+double bilinear_kernel(double x) {
+  x = std::fabs(x);
+  return x < 1.0 ? 1.0 - x : 0.0;
+}
+
+constexpr Filter kBicubic{bicubic_kernel, 2.0};
+constexpr Filter kBilinear{bilinear_kernel, 1.0};
+
 // For every output position: the first input index and the fixed-point weights of the inputs it reads.
 struct Coefficients {
   std::vector<int> first;
   std::vector<std::vector<int32_t>> weights;
 };
 
-Coefficients resample_coefficients(int in_size, int out_size) {
-  constexpr double support_at_scale_1 = 2.0;
+Coefficients resample_coefficients(int in_size, int out_size, const Filter& filter) {
   const double scale = static_cast<double>(in_size) / out_size;
   const double filter_scale = std::max(scale, 1.0);
-  const double support = support_at_scale_1 * filter_scale;
+  const double support = filter.support * filter_scale;
   Coefficients c;
   for (int xx = 0; xx < out_size; ++xx) {
     const double center = (xx + 0.5) * scale;
@@ -65,7 +76,7 @@ Coefficients resample_coefficients(int in_size, int out_size) {
     std::vector<double> w;
     double total = 0.0;
     for (int x = xmin; x < xmax; ++x) {
-      w.push_back(bicubic_filter((x - center + 0.5) / filter_scale));
+      w.push_back(filter.kernel((x - center + 0.5) / filter_scale));
       total += w.back();
     }
     std::vector<int32_t> fixed;
@@ -84,8 +95,8 @@ uint8_t clip8(int64_t accumulator) {
   return static_cast<uint8_t>(std::clamp<int64_t>(accumulator >> kPrecisionBits, 0, 255));
 }
 
-RgbImage resample_horizontal(const RgbImage& in, int out_width) {
-  const Coefficients c = resample_coefficients(in.width, out_width);
+RgbImage resample_horizontal(const RgbImage& in, int out_width, const Filter& filter) {
+  const Coefficients c = resample_coefficients(in.width, out_width, filter);
   RgbImage out{out_width, in.height, std::vector<uint8_t>(static_cast<size_t>(out_width) * in.height * 3)};
   for (int y = 0; y < in.height; ++y) {
     for (int x = 0; x < out_width; ++x) {
@@ -100,8 +111,8 @@ RgbImage resample_horizontal(const RgbImage& in, int out_width) {
   return out;
 }
 
-RgbImage resample_vertical(const RgbImage& in, int out_height) {
-  const Coefficients c = resample_coefficients(in.height, out_height);
+RgbImage resample_vertical(const RgbImage& in, int out_height, const Filter& filter) {
+  const Coefficients c = resample_coefficients(in.height, out_height, filter);
   RgbImage out{in.width, out_height, std::vector<uint8_t>(static_cast<size_t>(in.width) * out_height * 3)};
   for (int y = 0; y < out_height; ++y) {
     for (int x = 0; x < in.width * 3; ++x) {
@@ -114,14 +125,31 @@ RgbImage resample_vertical(const RgbImage& in, int out_height) {
   return out;
 }
 
-}  // namespace
-
-RgbImage resize_bicubic(const RgbImage& image, int width, int height) {
+RgbImage resize_with(const RgbImage& image, int width, int height, const Filter& filter) {
   SD_CHECK(width > 0 && height > 0, "cannot resize an image to {}x{}", width, height);
   RgbImage out = image;
   // PIL skips a pass whose size does not change.
-  if (width != out.width) out = resample_horizontal(out, width);
-  if (height != out.height) out = resample_vertical(out, height);
+  if (width != out.width) out = resample_horizontal(out, width, filter);
+  if (height != out.height) out = resample_vertical(out, height, filter);
+  return out;
+}
+
+}  // namespace
+
+RgbImage resize_bicubic(const RgbImage& image, int width, int height) {
+  return resize_with(image, width, height, kBicubic);
+}
+
+RgbImage resize_bilinear(const RgbImage& image, int width, int height) {
+  return resize_with(image, width, height, kBilinear);
+}
+
+RgbImage crop(const RgbImage& image, int top, int left, int height, int width) {
+  SD_CHECK(
+      top >= 0 && left >= 0 && height > 0 && width > 0 && top + height <= image.height && left + width <= image.width,
+      "crop {}x{} at ({}, {}) lies outside a {}x{} image", width, height, left, top, image.width, image.height);
+  RgbImage out{width, height, std::vector<uint8_t>(static_cast<size_t>(width) * height * 3)};
+  for (int y = 0; y < height; ++y) std::copy_n(image.row(top + y) + left * 3, width * 3, out.row(y));
   return out;
 }
 

@@ -1,5 +1,5 @@
 // Images as the training data and the generated outputs need them: decode (JPEG, PNG, BMP) to 8-bit RGB, PIL's
-// center crop and antialiased bicubic resize bit for bit, and PNG writing.
+// center crop and antialiased bicubic and bilinear resize bit for bit, and PNG writing.
 #pragma once
 #include <cstdint>
 #include <filesystem>
@@ -27,6 +27,12 @@ RgbImage center_crop_square(const RgbImage& image);
 // PIL's Image.resize(size, Image.BICUBIC): separable, antialiased (support scaled by the downscale factor),
 // fixed-point with 22 fractional bits, horizontal pass first, each pass rounded and clamped to 0..255.
 RgbImage resize_bicubic(const RgbImage& image, int width, int height);
+
+// PIL's Image.resize(size, Image.BILINEAR): the same machinery with the triangle filter (support 1).
+RgbImage resize_bilinear(const RgbImage& image, int width, int height);
+
+// The height x width region whose top-left pixel is (left, top); throws sd::Error if it does not fit.
+RgbImage crop(const RgbImage& image, int top, int left, int height, int width);
 
 // Mirrors the image left-right.
 RgbImage flip_horizontal(const RgbImage& image);

@@ -1,0 +1,102 @@
+// `sdtrain train`: full UNet training with the flags of diffusers' examples/text_to_image/train_text_to_image.py,
+// same names and defaults, plus the data and initialisation options of the MosaicML and Ray/Anyscale recipes
+// (synthetic data, UNet from scratch, a global batch) and a reference-run replay.
+#include "cli/commands.h"
+#include "cli/flags.h"
+#include "cli/training_flags.h"
+#include "train/tasks/unet_training.h"
+
+namespace sd::cli {
+
+void add_train(CLI::App& app, std::function<int()>& chosen) {
+  auto* cmd = app.add_subcommand("train", "Train the UNet of a Stable Diffusion pipeline (fine-tune or from scratch)");
+  auto o = std::make_shared<train::UNetTrainingOptions>();
+
+  const std::string model = "Model";
+  flag(cmd, "--pretrained_model_name_or_path", o->pretrained_model_name_or_path,
+       "Pipeline folder in the diffusers layout (VAE, text encoder, tokenizer, scheduler and the UNet to train)")
+      ->required()
+      ->group(model);
+  switch_flag(cmd, "--from_scratch", o->from_scratch,
+              "Start the UNet from its config's initialisation (seeded by --seed) instead of its weights")
+      ->group(model);
+  flag(cmd, "--prediction_type", o->prediction_type, "epsilon or v_prediction (default: the scheduler config's)")
+      ->check(CLI::IsMember({"epsilon", "v_prediction"}))
+      ->group(model);
+  switch_flag(cmd, "--gradient_checkpointing", o->gradient_checkpointing,
+              "Recompute UNet activations in backward to save memory")
+      ->group(model);
+
+  const std::string data = "Data (one of --train_data_dir, --synthetic_data, --replay_inputs)";
+  flag(cmd, "--train_data_dir", o->train_data_dir,
+       "Images with a metadata.jsonl (Hugging Face imagefolder) or with .txt captions beside them (kohya)")
+      ->group(data);
+  flag(cmd, "--image_column", o->image_column, "metadata.jsonl column of the image ('image' means file_name)")
+      ->group(data);
+  flag(cmd, "--caption_column", o->caption_column, "metadata.jsonl column of the caption (a string or a list)")
+      ->group(data);
+  flag(cmd, "--max_train_samples", o->max_train_samples, "Train on a seeded random subset of this many samples")
+      ->check(CLI::PositiveNumber)
+      ->group(data);
+  flag(cmd, "--synthetic_data", o->synthetic_data,
+       "images: random images and captions; latents: random latents and text embeddings (no VAE or text encoder)")
+      ->check(CLI::IsMember({"images", "latents"}))
+      ->group(data);
+  flag(cmd, "--synthetic_samples", o->synthetic_samples, "Samples in one synthetic epoch")
+      ->check(CLI::PositiveNumber)
+      ->group(data);
+  flag(cmd, "--replay_inputs", o->replay_inputs,
+       "Replay a reference run's steps from a safetensors file (stepK.latents, .noise, .timesteps, "
+       ".encoder_hidden_states); writes replay.safetensors with each step's loss, lr and grad norm")
+      ->group(data);
+  flag(cmd, "--resolution", o->resolution, "Training image size")->check(CLI::PositiveNumber)->group(data);
+  switch_flag(cmd, "--center_crop", o->center_crop, "Center-crop after resizing (default: random crop)")->group(data);
+  switch_flag(cmd, "--random_flip", o->random_flip, "Flip images horizontally at random")->group(data);
+  flag(cmd, "--dataloader_num_workers", o->dataloader_num_workers,
+       "Loader threads decoding and augmenting images ahead of the step (0 or 1: one thread)")
+      ->check(CLI::NonNegativeNumber)
+      ->group(data);
+
+  const std::string loss = "Loss";
+  flag(cmd, "--snr_gamma", o->snr_gamma, "Min-SNR loss weighting gamma (arXiv 2303.09556; 5.0 is recommended)")
+      ->group(loss);
+  flag(cmd, "--noise_offset", o->noise_offset, "Scale of per-channel offset noise")->group(loss);
+  flag(cmd, "--input_perturbation", o->input_perturbation, "Scale of input perturbation (0.1 is recommended)")
+      ->group(loss);
+
+  const std::string validation = "Validation";
+  cmd->add_option(flag_names("--validation_prompts"), o->validation_prompts,
+                  "Prompts to generate images for every --validation_epochs epochs (into <output_dir>/validation)")
+      ->expected(1, CLI::detail::expected_max_vector_size)
+      ->group(validation);
+  flag(cmd, "--validation_epochs", o->validation_epochs, "Validate every N epochs")
+      ->check(CLI::PositiveNumber)
+      ->group(validation);
+
+  add_trainer_flags(cmd, o->training);
+  add_python_only_training_flags(cmd);
+  accepted_python_flag(cmd, "--revision", true, "sdtrain reads local folders only; ignored");
+  accepted_python_flag(cmd, "--variant", true, "sdtrain reads local folders only; ignored");
+  accepted_python_flag(cmd, "--non_ema_revision", true, "sdtrain reads local folders only; ignored");
+  accepted_python_flag(cmd, "--cache_dir", true, "sdtrain downloads nothing; ignored");
+  accepted_python_flag(cmd, "--tracker_project_name", true, "metrics go to --logging_dir; ignored");
+  accepted_python_flag(cmd, "--use_8bit_adam", false,
+                       "bitsandbytes' 8-bit AdamW is CUDA-only; sdtrain trains with float32 AdamW state");
+  std::string hub_dataset;
+  cmd->add_option(flag_names("--dataset_name"), hub_dataset,
+                  "(not supported) Hub datasets need the network; give a local folder with --train_data_dir")
+      ->group("Python-only (accepted, not used)")
+      ->check([](const std::string& name) {
+        return "sdtrain reads local data only: download the dataset, then give its folder with --train_data_dir "
+               "(got '" +
+               name + "')";
+      });
+  accepted_python_flag(cmd, "--dataset_config_name", true, "only with --dataset_name, which sdtrain does not take");
+
+  cmd->callback([cmd, o, &chosen] {
+    record_command_line(cmd, o->training);
+    chosen = [o] { return train::run_unet_training(*o); };
+  });
+}
+
+}  // namespace sd::cli

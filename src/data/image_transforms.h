@@ -1,0 +1,30 @@
+// diffusers train_text_to_image.py's train_transforms, as torchvision computes them on a PIL image:
+//   Resize(resolution, BILINEAR)    shorter side to `resolution` (antialiased, PIL's fixed-point resampler)
+//   CenterCrop / RandomCrop         a resolution x resolution square
+//   RandomHorizontalFlip            with --random_flip
+//   ToTensor, Normalize(0.5, 0.5)   float32 (x / 255 - 0.5) / 0.5, CHW
+// The crop offsets and the flip come from the caller's generator, in torchvision's order of draws. Safe to run on
+// loader threads: nothing here starts LibTorch's intra-op pool.
+#pragma once
+#include <ATen/ATen.h>
+
+#include "io/image.h"
+
+namespace sd::data {
+
+struct ImageTransformOptions {
+  int resolution = 512;
+  bool center_crop = false;
+  bool random_flip = false;
+};
+
+// torchvision's Resize(int) output size: the shorter side becomes `size`, the longer int(size * long / short).
+std::pair<int, int> resized_size(int width, int height, int size);
+
+// -> [3, resolution, resolution] float32 in [-1, 1]
+at::Tensor train_transform(const io::RgbImage& image, const ImageTransformOptions& options, at::Generator& gen);
+
+// ToTensor + Normalize(0.5, 0.5): [3, H, W] float32.
+at::Tensor normalized_pixels(const io::RgbImage& image);
+
+}  // namespace sd::data

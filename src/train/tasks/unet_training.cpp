@@ -1,0 +1,307 @@
+#include "train/tasks/unet_training.h"
+
+#include <ATen/core/grad_mode.h>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "data/random_streams.h"
+#include "data/training_batches.h"
+#include "io/atomic_file.h"
+#include "io/json_config.h"
+#include "models/weights.h"
+#include "pipeline/stable_diffusion.h"
+#include "pipeline/txt2img.h"
+#include "schedulers/ddpm.h"
+#include "schedulers/factory.h"
+#include "train/tasks/denoising_loss.h"
+
+namespace sd::train {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+UNetTrainingOptions::UNetTrainingOptions() {
+  training.output_dir = "sd-model-finetuned";
+  training.max_grad_norm = 1.0;
+}
+
+namespace {
+
+// Which of the three data sources the flags choose; exactly one must be given.
+enum class DataKind { kFolder, kSyntheticImages, kSyntheticLatents, kReplay };
+
+DataKind data_kind(const UNetTrainingOptions& o) {
+  const int given = !o.train_data_dir.empty() + !o.synthetic_data.empty() + !o.replay_inputs.empty();
+  SD_CHECK(given == 1, "give exactly one of --train_data_dir, --synthetic_data and --replay_inputs ({} given)", given);
+  if (!o.train_data_dir.empty()) return DataKind::kFolder;
+  if (!o.replay_inputs.empty()) return DataKind::kReplay;
+  SD_CHECK(o.synthetic_data == "images" || o.synthetic_data == "latents",
+           "--synthetic_data: expected images or latents, got '{}'", o.synthetic_data);
+  return o.synthetic_data == "images" ? DataKind::kSyntheticImages : DataKind::kSyntheticLatents;
+}
+
+// Writes `config` and `weights` as a diffusers model folder, e.g. <output>/unet.
+void write_model_folder(const fs::path& dir, const json& config, const io::TensorMap& weights) {
+  io::write_directory_atomically(dir, [&](const fs::path& tmp) {
+    io::write_text_file(tmp / "config.json", config.dump(2) + "\n");
+    io::save_safetensors(tmp / "diffusion_pytorch_model.safetensors", weights);
+  });
+}
+
+class UNetTrainingTask : public Task {
+ public:
+  UNetTrainingTask(const UNetTrainingOptions& o, RunContext& context);
+
+  std::string name() const override { return "unet"; }
+  std::vector<NamedParameter> trainable_parameters() override;
+  int64_t dataset_size() const override { return source_->size(); }
+  // A replay runs the steps its file holds.
+  std::optional<int64_t> default_max_steps() const override { return replay_steps_; }
+  at::Tensor micro_batch_loss(int64_t step, int64_t micro) override;
+
+  json identity() const override { return {{"prediction_type", loss_->options().prediction_type}}; }
+  // As the script's accelerator.save_state hooks: unet/ and unet_ema/ load in diffusers on their own.
+  WholeTensorFiles checkpoint_files() const override {
+    return {"unet/diffusion_pytorch_model.safetensors", "{}", "unet_ema/diffusion_pytorch_model.safetensors", "{}",
+            "optimizer.safetensors"};
+  }
+  void write_checkpoint_extras(const fs::path& dir) override;
+  void after_step(const StepReport& report) override;
+  bool wants_validation(int64_t step, bool last_step) const override;
+  void validate(int64_t step) override;
+  fs::path export_final(const io::TensorMap& weights, const io::TensorMap& ema) override;
+  json step_metrics() override { return {{"data_wait_s", source_->take_wait_seconds()}}; }
+
+ private:
+  void load_models(DataKind kind);
+  // Latents (times the VAE factor, float32) and text embeddings of an image-caption batch, with the posterior draws
+  // keyed by the samples' positions.
+  std::pair<at::Tensor, at::Tensor> encode(const data::TrainingBatch& batch, const data::BatchRequest& request);
+  DenoisingDraws draw(const data::TrainingBatch& batch, const data::BatchRequest& request) const;
+  json ema_config() const;
+  void write_replay_record(const io::TensorMap& weights, const io::TensorMap& ema) const;
+
+  UNetTrainingOptions o_;
+  RunContext& context_;
+  fs::path model_dir_, output_dir_;
+  // The UNet, tokenizer and scheduler config always; the text encoder and VAE when the data needs encoding.
+  std::unique_ptr<pipeline::StableDiffusion> pipe_;
+  std::unique_ptr<data::BatchPlanner> planner_;
+  std::unique_ptr<data::BatchSource> source_;
+  std::unique_ptr<DenoisingLoss> loss_;
+  int64_t steps_per_epoch_ = 0;
+  std::optional<int64_t> replay_steps_;
+  io::TensorMap replay_record_;  // per step: loss, lr, grad_norm, ema_decay (with --replay_inputs)
+};
+
+UNetTrainingTask::UNetTrainingTask(const UNetTrainingOptions& o, RunContext& context)
+    : o_(o), context_(context), model_dir_(o.pretrained_model_name_or_path), output_dir_(o.training.output_dir) {
+  const DataKind kind = data_kind(o);
+  SD_CHECK(o.validation_prompts.empty() || (kind != DataKind::kSyntheticLatents && kind != DataKind::kReplay),
+           "--validation_prompts needs the VAE and text encoder, which --synthetic_data latents and --replay_inputs "
+           "run without");
+  SD_CHECK(o.resolution > 0 && o.resolution % 8 == 0, "--resolution {} must be a positive multiple of 8", o.resolution);
+  load_models(kind);
+
+  schedulers::DDPMScheduler ddpm(pipe_->scheduler_config);
+  DenoisingLossOptions loss_options;
+  loss_options.prediction_type =
+      o.prediction_type.empty() ? pipe_->scheduler_config.prediction_type : o.prediction_type;
+  loss_options.snr_gamma = o.snr_gamma;
+  loss_options.noise_offset = o.noise_offset;
+  loss_options.input_perturbation = o.input_perturbation;
+  loss_ = std::make_unique<DenoisingLoss>(pipe_->unet, ddpm.alphas_cumprod(), loss_options);
+  pipe_->unet->set_gradient_checkpointing(o.gradient_checkpointing);
+
+  const data::BatchLayout& layout = context_.layout;
+  const int rank = context_.comm->rank();
+  if (kind == DataKind::kFolder) {
+    data::ImageCaptionDataset dataset({o.train_data_dir, o.image_column, o.caption_column});
+    if (o.max_train_samples && *o.max_train_samples < dataset.size()) {
+      // As the script's dataset.shuffle(seed).select(range(n)): a seeded subset, the same on every rank.
+      at::Generator gen = data::stream_generator(context_.seed, data::Stream::kDataOrder, ~uint64_t{0});
+      at::Tensor order = at::randperm(dataset.size(), gen, at::TensorOptions().dtype(at::kLong));
+      dataset.select(std::vector<int64_t>(order.data_ptr<int64_t>(), order.data_ptr<int64_t>() + *o.max_train_samples));
+    }
+    log::info("{} training images ({} layout) in {}", dataset.size(), dataset.layout(), o.train_data_dir);
+    planner_ = std::make_unique<data::BatchPlanner>(dataset.size(), layout, rank, context_.seed);
+    data::ImageCaptionSourceOptions source_options;
+    source_options.transform = {o.resolution, o.center_crop, o.random_flip};
+    source_options.loader_threads = std::max(1, o.dataloader_num_workers);
+    source_options.prefetch_micro_batches = static_cast<int>(2 * layout.accumulation + 2);
+    source_ = std::make_unique<data::ImageCaptionSource>(std::move(dataset), pipe_->tokenizer, source_options,
+                                                         context_.seed, *planner_);
+  } else if (kind == DataKind::kReplay) {
+    auto replay = std::make_unique<data::ReplaySource>(o.replay_inputs, layout, rank);
+    SD_CHECK(!o.training.max_train_steps || *o.training.max_train_steps <= replay->steps(),
+             "--max_train_steps {} exceeds the {} step(s) --replay_inputs holds", *o.training.max_train_steps,
+             replay->steps());
+    replay_steps_ = replay->steps();
+    planner_ = std::make_unique<data::BatchPlanner>(0, layout, rank, context_.seed);
+    source_ = std::move(replay);
+  } else {
+    data::SyntheticOptions synthetic;
+    synthetic.kind = o.synthetic_data;
+    synthetic.samples = o.synthetic_samples;
+    synthetic.resolution = o.resolution;
+    synthetic.latent_channels = pipe_->unet->config().in_channels;
+    synthetic.embedding_dim = pipe_->unet->config().cross_attention_dim.at(0);
+    planner_ = std::make_unique<data::BatchPlanner>(o.synthetic_samples, layout, rank, context_.seed);
+    source_ = std::make_unique<data::SyntheticSource>(
+        synthetic, kind == DataKind::kSyntheticImages ? &pipe_->tokenizer : nullptr, context_.seed);
+  }
+  if (source_->size() > 0) steps_per_epoch_ = source_->size() / layout.global();
+}
+
+void UNetTrainingTask::load_models(DataKind kind) {
+  pipeline::check_pipeline_layout(model_dir_);
+  pipe_ = std::make_unique<pipeline::StableDiffusion>(
+      pipeline::StableDiffusion{io::JsonConfig::load(model_dir_ / "model_index.json").raw(),
+                                text::ClipTokenizer::load(model_dir_ / "tokenizer"), nullptr, nullptr, nullptr,
+                                schedulers::SchedulerConfig::load(model_dir_ / "scheduler" / "scheduler_config.json")});
+  // The UNet is loaded (or built) in float32: its values are the float32 master weights.
+  if (o_.from_scratch) {
+    at::manual_seed(static_cast<int64_t>(context_.seed));
+    pipe_->unet =
+        models::UNet2DConditionModel(models::UNetConfig::load((model_dir_ / "unet" / "config.json").string()));
+    log::info("UNet initialised from {} (seed {})", (model_dir_ / "unet" / "config.json").string(), context_.seed);
+  } else {
+    pipe_->unet = models::load_unet(model_dir_ / "unet", at::kFloat);
+  }
+  pipe_->unet->train();
+  if (kind != DataKind::kFolder && kind != DataKind::kSyntheticImages) return;
+  const at::ScalarType frozen = context_.precision.frozen;
+  pipe_->text_encoder = models::load_text_encoder(model_dir_ / "text_encoder", frozen);
+  pipe_->vae = models::load_vae(model_dir_ / "vae", frozen);
+  for (auto* module :
+       {static_cast<torch::nn::Module*>(pipe_->text_encoder.get()), static_cast<torch::nn::Module*>(pipe_->vae.get())})
+    for (auto& p : module->parameters()) p.set_requires_grad(false);
+  SD_CHECK(o_.resolution % pipe_->vae_scale_factor() == 0, "--resolution {} must be divisible by {} (the VAE's factor)",
+           o_.resolution, pipe_->vae_scale_factor());
+}
+
+std::vector<NamedParameter> UNetTrainingTask::trainable_parameters() {
+  std::vector<NamedParameter> params;
+  for (const auto& item : pipe_->unet->named_parameters(/*recurse=*/true))
+    params.push_back({item.key(), item.value().requires_grad_(true)});
+  return params;
+}
+
+std::pair<at::Tensor, at::Tensor> UNetTrainingTask::encode(const data::TrainingBatch& batch,
+                                                           const data::BatchRequest& request) {
+  at::NoGradGuard no_grad;
+  const models::DiagonalGaussian posterior = pipe_->vae->encode(batch.pixel_values.to(context_.precision.frozen));
+  std::vector<at::Tensor> eps;
+  for (int64_t j = 0; j < batch.pixel_values.size(0); ++j) {
+    at::Generator gen =
+        data::stream_generator(context_.seed, data::Stream::kPosterior, static_cast<uint64_t>(request.step),
+                               static_cast<uint64_t>(request.first_position + j));
+    eps.push_back(at::randn(posterior.mean.sizes().slice(1), gen));
+  }
+  const at::Tensor latents =
+      (posterior.mean.to(at::kFloat) + posterior.std.to(at::kFloat) * at::stack(eps)) * pipe_->vae->scaling_factor();
+  const at::Tensor text = pipe_->text_encoder->forward(batch.input_ids).last_hidden_state;
+  return {latents, text};
+}
+
+DenoisingDraws UNetTrainingTask::draw(const data::TrainingBatch& batch, const data::BatchRequest& request) const {
+  if (batch.noise.defined()) return {batch.noise, batch.timesteps, {}, {}};
+  using data::Stream;
+  const at::IntArrayRef shape = batch.latents.sizes().slice(1);
+  const int64_t channels = shape[0];
+  std::vector<at::Tensor> noise, timesteps, offset, perturbation;
+  for (int64_t j = 0; j < batch.latents.size(0); ++j) {
+    auto gen = [&](Stream s) {
+      return data::stream_generator(context_.seed, s, static_cast<uint64_t>(request.step),
+                                    static_cast<uint64_t>(request.first_position + j));
+    };
+    noise.push_back(at::randn(shape, gen(Stream::kNoise)));
+    timesteps.push_back(at::randint(pipe_->scheduler_config.num_train_timesteps, {1}, gen(Stream::kTimestep)));
+    if (o_.noise_offset != 0) offset.push_back(at::randn({channels, 1, 1}, gen(Stream::kNoiseOffset)));
+    if (o_.input_perturbation != 0) perturbation.push_back(at::randn(shape, gen(Stream::kPerturbation)));
+  }
+  return {at::stack(noise), at::cat(timesteps), offset.empty() ? at::Tensor() : at::stack(offset),
+          perturbation.empty() ? at::Tensor() : at::stack(perturbation)};
+}
+
+at::Tensor UNetTrainingTask::micro_batch_loss(int64_t step, int64_t micro) {
+  const data::BatchRequest request = planner_->plan(step, micro);
+  data::TrainingBatch batch = source_->get(request);
+  if (!batch.encoded()) std::tie(batch.latents, batch.encoder_hidden_states) = encode(batch, request);
+  return (*loss_)(batch.latents, batch.encoder_hidden_states, draw(batch, request)).loss;
+}
+
+void UNetTrainingTask::after_step(const StepReport& r) {
+  if (o_.replay_inputs.empty()) return;
+  const int64_t k = r.step - 1;
+  replay_record_[fmt::format("step{}.loss", k)] = at::tensor({r.loss}, at::kDouble);
+  replay_record_[fmt::format("step{}.lr", k)] = at::tensor({r.lr}, at::kDouble);
+  replay_record_[fmt::format("step{}.grad_norm", k)] = at::tensor({r.grad_norm}, at::kDouble);
+  replay_record_[fmt::format("step{}.ema_decay", k)] = at::tensor({r.ema_decay}, at::kDouble);
+}
+
+// diffusers' EMAModel.save_pretrained: the UNet's config plus the EMA's own settings and step.
+json UNetTrainingTask::ema_config() const {
+  json config = pipe_->unet->config().to_json();
+  const EmaOptions& e = o_.training.ema;
+  config.update({{"decay", e.decay},
+                 {"min_decay", e.min_decay},
+                 {"update_after_step", e.update_after_step},
+                 {"use_ema_warmup", e.use_warmup},
+                 {"inv_gamma", e.inv_gamma},
+                 {"power", e.power}});
+  return config;
+}
+
+void UNetTrainingTask::write_checkpoint_extras(const fs::path& dir) {
+  io::write_text_file(dir / "unet" / "config.json", pipe_->unet->config().to_json().dump(2) + "\n");
+  if (o_.training.use_ema) io::write_text_file(dir / "unet_ema" / "config.json", ema_config().dump(2) + "\n");
+}
+
+bool UNetTrainingTask::wants_validation(int64_t step, bool last_step) const {
+  // As the script: after every --validation_epochs-th epoch (counting from the first), and after the last step.
+  if (o_.validation_prompts.empty() || steps_per_epoch_ == 0) return false;
+  const bool epoch_end = step % steps_per_epoch_ == 0 || last_step;
+  return epoch_end && ((step - 1) / steps_per_epoch_) % o_.validation_epochs == 0;
+}
+
+void UNetTrainingTask::validate(int64_t step) {
+  // As the script's log_validation: the pipeline's own scheduler, 20 steps, its default size; image i of the
+  // prompts uses seed + i (diffusers draws them one after another from one generator seeded with the seed).
+  pipe_->unet->eval();
+  auto scheduler = schedulers::make_scheduler(pipe_->scheduler_config);
+  pipeline::Txt2ImgOptions options;
+  options.prompts = o_.validation_prompts;
+  options.num_inference_steps = 20;
+  options.seed = context_.seed;
+  const at::Tensor images = pipeline::txt2img(*pipe_, *scheduler, options).images_uint8;
+  for (int64_t i = 0; i < images.size(0); ++i)
+    io::save_png(output_dir_ / "validation" / fmt::format("step-{}-{}.png", step, i),
+                 pipeline::to_rgb_image(images[i]));
+  pipe_->unet->train();
+}
+
+void UNetTrainingTask::write_replay_record(const io::TensorMap& weights, const io::TensorMap& ema) const {
+  io::TensorMap record = replay_record_;
+  for (const auto& [name, t] : weights) record["final.param." + name] = t;
+  for (const auto& [name, t] : ema) record["final.ema." + name] = t;
+  io::save_safetensors(output_dir_ / "replay.safetensors", record);
+}
+
+fs::path UNetTrainingTask::export_final(const io::TensorMap& weights, const io::TensorMap& ema) {
+  fs::create_directories(output_dir_);
+  if (!o_.replay_inputs.empty()) write_replay_record(weights, ema);
+  // The trained UNet first (the EMA weights with --use_ema, as the script saves), then the frozen parts as they
+  // are; model_index.json, written last, marks the pipeline complete.
+  write_model_folder(output_dir_ / "unet", pipe_->unet->config().to_json(), ema.empty() ? weights : ema);
+  pipeline::copy_components(model_dir_, output_dir_, {"vae", "text_encoder", "tokenizer", "scheduler"});
+  pipeline::write_model_index(output_dir_,
+                              pipe_->model_index.value("scheduler", json::array({"", "PNDMScheduler"}))[1]);
+  return output_dir_;
+}
+
+}  // namespace
+
+int run_unet_training(const UNetTrainingOptions& options) { return train_task<UNetTrainingTask>(options); }
+
+}  // namespace sd::train

@@ -1,0 +1,122 @@
+// Sharded UNet training across processes: a checkpoint written by 2 sharded ranks resumes on 1 rank and on 3 ranks
+// (the state is resharded) and ends where an uninterrupted run ends; a killed sharded rank is named by the others
+// and the last whole checkpoint resumes.
+#include <csignal>
+#include <fstream>
+#include <thread>
+
+#include "io/safetensors.h"
+#include "process_util.h"
+#include "test_util.h"
+
+namespace sd {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+class UNetTrainingDist : public ::testing::Test {
+ protected:
+  void SetUp() override { sd::test::write_captioned_images(data(), 12); }
+  fs::path data() const { return dir_.path() / "data"; }
+
+  // A global batch of 6, whatever the number of ranks: 2 ranks x 3 micro-batches, 3 x 2 or 1 x 6.
+  std::vector<std::string> train(const fs::path& out, int steps, const std::string& sharding,
+                                 const std::vector<std::string>& extra = {}) const {
+    std::vector<std::string> args = {sd::test::sdtrain_binary(),
+                                     "train",
+                                     "--pretrained_model_name_or_path=" + (sd::test::fixtures() / "tiny-sd1").string(),
+                                     "--train_data_dir=" + data().string(),
+                                     "--resolution=32",
+                                     "--train_batch_size=1",
+                                     "--global_batch_size=6",
+                                     "--max_train_steps=" + std::to_string(steps),
+                                     "--checkpointing_steps=2",
+                                     "--learning_rate=1e-3",
+                                     "--lr_warmup_steps=0",
+                                     "--use_ema",
+                                     "--random_flip",
+                                     "--seed=5",
+                                     "--sharding=" + sharding,
+                                     "--threads=1",
+                                     "--dist_timeout=30",
+                                     "--output_dir=" + out.string()};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  }
+
+  static io::TensorMap unet(const fs::path& out) {
+    return io::load_safetensors(out / "unet" / "diffusion_pytorch_model.safetensors");
+  }
+
+  sd::test::TempDir dir_;
+};
+
+// Ranks sum gradients in another order than a single rank does: float32 reduction noise (observed: 3e-6 of max|w|).
+// A lost micro-batch or a wrongly resharded moment moves weights by ~lr = 1e-3 of weights ~0.05-1, far above this.
+// Parameters whose exact gradient is zero are pure noise in every run and are left out (test_util.h).
+constexpr double kReductionTolerance = 1e-4;
+
+TEST_F(UNetTrainingDist, ShardedCheckpointResumesOnOneAndOnThreeRanks) {
+  const fs::path whole = dir_.path() / "whole", split = dir_.path() / "split";
+  auto a = sd::test::run_process(sd::test::under_launch(2, train(whole, 4, "shard_grad_op")), 300s);
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  auto b = sd::test::run_process(sd::test::under_launch(2, train(split, 2, "shard_grad_op")), 300s);
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  // Every rank wrote its own slice of the state; the manifest lists the pieces.
+  for (const char* shard : {"shards/rank-00000-of-00002.safetensors", "shards/rank-00001-of-00002.safetensors",
+                            "manifest.json", "unet/config.json", "unet_ema/config.json"})
+    EXPECT_TRUE(fs::exists(split / "checkpoint-2" / shard)) << shard;
+
+  struct Resume {
+    int ranks;
+    const char* sharding;
+  };
+  for (const Resume& r : {Resume{1, "no_shard"}, Resume{3, "shard_grad_op"}}) {
+    const fs::path out = dir_.path() / ("resumed-on-" + std::to_string(r.ranks));
+    fs::copy(split, out, fs::copy_options::recursive);
+    auto command = train(out, 4, r.sharding, {"--resume_from_checkpoint=latest"});
+    auto c = sd::test::run_process(r.ranks == 1 ? command : sd::test::under_launch(r.ranks, command), 300s);
+    ASSERT_EQ(c.exit_code, 0) << c.output;
+    EXPECT_NE(c.output.find("resuming from"), std::string::npos) << c.output;
+    const io::TensorMap expected = unet(whole), resumed = unet(out);
+    static const std::set<std::string> noise =
+        sd::test::zero_gradient_parameters(sd::test::fixtures() / "tiny-sd1" / "unet");
+    for (const auto& [name, t] : expected)
+      if (!noise.count(name))
+        EXPECT_TRUE(sd::test::close_rel_max(resumed.at(name), t, kReductionTolerance)) << r.ranks << " ranks: " << name;
+  }
+}
+
+TEST_F(UNetTrainingDist, KilledShardedRankIsNamedAndTheLastCheckpointResumes) {
+  const fs::path out = dir_.path() / "killed";
+  const int port = sd::test::free_port();
+  std::vector<std::unique_ptr<sd::test::Process>> ranks;
+  for (int r = 0; r < 2; ++r)
+    ranks.push_back(
+        std::make_unique<sd::test::Process>(train(out, 100000, "shard_grad_op", {"--dist_timeout=20"}),
+                                            std::map<std::string, std::string>{{"RANK", std::to_string(r)},
+                                                                               {"WORLD_SIZE", "2"},
+                                                                               {"LOCAL_RANK", std::to_string(r)},
+                                                                               {"LOCAL_WORLD_SIZE", "2"},
+                                                                               {"MASTER_ADDR", "127.0.0.1"},
+                                                                               {"MASTER_PORT", std::to_string(port)}}));
+  // Once a checkpoint is whole, kill rank 1 outright, mid-training.
+  const auto deadline = std::chrono::steady_clock::now() + 120s;
+  while (!fs::exists(out / "checkpoint-2" / "manifest.json") && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(50ms);
+  ASSERT_TRUE(fs::exists(out / "checkpoint-2" / "manifest.json")) << ranks[0]->output();
+  ranks[1]->signal(SIGKILL);
+  ASSERT_TRUE(ranks[0]->wait(60s)) << "rank 0 must not hang";
+  EXPECT_NE(ranks[0]->exit_code(), 0);
+  EXPECT_NE(ranks[0]->output().find("rank 1"), std::string::npos) << ranks[0]->output();
+
+  auto resumed = sd::test::run_process(
+      sd::test::under_launch(2, train(out, 6, "shard_grad_op", {"--resume_from_checkpoint=latest"})), 300s);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resuming from"), std::string::npos) << resumed.output;
+  EXPECT_TRUE(fs::exists(out / "unet" / "diffusion_pytorch_model.safetensors"));
+}
+
+}  // namespace
+}  // namespace sd
