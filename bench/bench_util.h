@@ -17,19 +17,12 @@
 #include <vector>
 
 #include "io/image.h"
+#include "perf/machine.h"
 
 namespace sd::bench {
 
-// Resets the process's peak-RSS mark (Linux >= 4.0), so the next peak_rss_bytes() covers only what follows.
-inline void reset_peak_rss() { std::ofstream("/proc/self/clear_refs") << "5"; }
-
-inline int64_t peak_rss_bytes() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line))
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
-  return -1;
-}
+using perf::peak_rss_bytes;
+using perf::reset_peak_rss;
 
 struct Timing {
   double median_s = 0;

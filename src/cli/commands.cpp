@@ -12,6 +12,7 @@ void add_textual_inversion(CLI::App& app, std::function<int()>& chosen);
 void add_train(CLI::App& app, std::function<int()>& chosen);
 void add_launch(CLI::App& app, std::function<int()>& chosen);
 void add_dist_check(CLI::App& app, std::function<int()>& chosen);
+void add_benchmark(CLI::App& app, std::function<int()>& chosen);
 
 int run(int argc, char** argv) {
   CLI::App app{"sdtrain: train and run Stable Diffusion (diffusers layout), natively"};
@@ -29,6 +30,7 @@ int run(int argc, char** argv) {
   add_train(app, chosen);
   add_launch(app, chosen);
   add_dist_check(app, chosen);
+  add_benchmark(app, chosen);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "data/random_streams.h"
+#include "perf/op_profiler.h"
 
 namespace sd::data {
 
@@ -65,6 +66,7 @@ TrainingBatch ImageCaptionSource::get(const BatchRequest& request) {
     prefetcher_.request([this, next] { return load(next); });
   }
   requested_.pop_front();
+  SD_PERF_SCOPE("sdtrain::data_wait");
   return prefetcher_.next(waited_s_);
 }
 

@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "io/atomic_file.h"
 #include "io/json_config.h"
+#include "io/safetensors.h"
 #include "models/weights.h"
 
 namespace sd::pipeline {
@@ -51,6 +52,45 @@ nlohmann::json model_index_json(const std::string& scheduler_class) {
           {"tokenizer", {"transformers", "CLIPTokenizer"}},
           {"unet", {"diffusers", "UNet2DConditionModel"}},
           {"vae", {"diffusers", "AutoencoderKL"}}};
+}
+
+std::vector<ComponentSummary> summarize_components(const fs::path& dir) {
+  check_pipeline_layout(dir);
+  const auto index = io::JsonConfig::load(dir / "model_index.json");
+  const std::vector<std::tuple<const char*, const char*, bool>> parts = {
+      {"unet", "diffusion_pytorch_model.safetensors", true},
+      {"vae", "diffusion_pytorch_model.safetensors", false},
+      {"text_encoder", "model.safetensors", false}};
+  std::vector<ComponentSummary> out;
+  for (const auto& [name, file, trainable] : parts) {
+    const io::SafeTensorsFile weights(dir / name / file);
+    ComponentSummary c{name, index.raw().contains(name) ? index.raw()[name][1].get<std::string>() : "?"};
+    for (const auto& tensor : weights.names()) {
+      const auto& entry = weights.entry(tensor);
+      if (!at::isFloatingType(entry.dtype)) continue;
+      int64_t n = 1;
+      for (int64_t d : entry.shape) n *= d;
+      c.parameters += n;
+      c.dtypes.insert(entry.dtype == at::kHalf       ? "float16"
+                      : entry.dtype == at::kBFloat16 ? "bfloat16"
+                      : entry.dtype == at::kDouble   ? "float64"
+                                                     : "float32");
+    }
+    c.bytes = fs::file_size(dir / name / file);
+    c.trainable = trainable;
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+std::string parameter_line(const std::vector<ComponentSummary>& components) {
+  int64_t total = 0, trainable = 0;
+  for (const auto& c : components) {
+    total += c.parameters;
+    if (c.trainable) trainable += c.parameters;
+  }
+  return fmt::format("Model has {:.6f} M parameters and {:.6f} M trainable", static_cast<double>(total) / 1e6,
+                     static_cast<double>(trainable) / 1e6);
 }
 
 void copy_components(const fs::path& from, const fs::path& to, const std::vector<std::string>& parts) {

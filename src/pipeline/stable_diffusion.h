@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include <filesystem>
+#include <set>
 #include <string>
 #include <vector>
 #include <nlohmann/json.hpp>
@@ -44,6 +45,19 @@ StableDiffusion load_pipeline(const std::filesystem::path& dir, const ComponentD
 // Writes the pipeline as diffusers' save_pretrained does (weights in `dtype`), building it in a temporary folder
 // and renaming it into place; an existing pipeline in `dir` is replaced, other files there are kept.
 void save_pipeline(StableDiffusion& pipe, const std::filesystem::path& dir, at::ScalarType dtype = at::kFloat);
+
+// What a pipeline folder holds, from the safetensors headers alone (nothing is loaded).
+struct ComponentSummary {
+  std::string name;        // unet, vae, text_encoder
+  std::string class_name;  // from model_index.json
+  int64_t parameters = 0;  // floating-point elements (an integer position_ids buffer is not a parameter)
+  std::set<std::string> dtypes;
+  uintmax_t bytes = 0;
+  bool trainable = false;  // what UNet training trains
+};
+std::vector<ComponentSummary> summarize_components(const std::filesystem::path& dir);
+// MosaicML's summary line: "Model has 1289.952427 M parameters and 865.910724 M trainable".
+std::string parameter_line(const std::vector<ComponentSummary>& components);
 
 // model_index.json of a StableDiffusionPipeline whose scheduler is `scheduler_class`.
 nlohmann::json model_index_json(const std::string& scheduler_class);

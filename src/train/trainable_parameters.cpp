@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "perf/op_profiler.h"
 
 namespace sd::train {
 
@@ -110,7 +111,10 @@ void TrainableParameters::backward(const at::Tensor& loss, bool first_micro_batc
 
 double TrainableParameters::reduce_gradients(int64_t micro_batches, std::optional<double> max_norm) {
   at::NoGradGuard no_grad;
-  grads_ = reducer_->finish();
+  {
+    SD_PERF_SCOPE("sdtrain::communication");
+    grads_ = reducer_->finish();
+  }
   const double scale = 1.0 / static_cast<double>(micro_batches * comm_->world_size());
   // One norm per parameter (piece), as torch's clip_grad_norm_ takes them: a float32 norm over a whole bucket of
   // millions of elements would lose digits.
@@ -124,6 +128,7 @@ double TrainableParameters::reduce_gradients(int64_t micro_batches, std::optiona
     }
   }
   if (layout_->sharded() && comm_->world_size() > 1) {
+    SD_PERF_SCOPE("sdtrain::communication");
     std::vector<at::Tensor> total{at::tensor(sum_of_squares, at::kDouble)};
     comm_->allreduce_sum(total);
     sum_of_squares = total[0].item<double>();
@@ -140,8 +145,11 @@ double TrainableParameters::reduce_gradients(int64_t micro_batches, std::optiona
 
 void TrainableParameters::step(double lr) {
   SD_CHECK(grads_.size() == master_.size(), "optimizer step without reduced gradients");
-  adam_.step(master_, grads_, lr);
-  if (ema_) ema_->update(master_);
+  {
+    SD_PERF_SCOPE("sdtrain::optimizer");
+    adam_.step(master_, grads_, lr);
+    if (ema_) ema_->update(master_);
+  }
   refresh_compute_weights(StateKind::kMaster);
   grads_.clear();
 }
@@ -173,6 +181,7 @@ void TrainableParameters::refresh_compute_weights(StateKind from) {
     if (!mine.is_same(source[b])) mine.copy_(source[b]);
   }
   if (!layout_->sharded() || comm_->world_size() == 1) return;
+  SD_PERF_SCOPE("sdtrain::communication");
   std::vector<std::unique_ptr<dist::PendingCollective>> pending;
   for (auto& c : compute_) pending.push_back(comm_->all_gather_async(c));
   for (auto& p : pending) p->wait();

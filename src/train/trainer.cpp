@@ -116,20 +116,7 @@ Trainer::Trainer(const TrainerOptions& options, RunContext& context, Task& task)
   if (options_.use_ema) trainable.ema = options_.ema;
   params_ = std::make_unique<TrainableParameters>(task_.trainable_parameters(), trainable, context_.comm);
 
-  if (is_main()) discard_partial_checkpoints(output_dir_);
-  context_.comm->barrier();
-  if (auto checkpoint = resolve_checkpoint(output_dir_, options_.resume_from_checkpoint)) {
-    resume_from(*checkpoint);
-  } else if (!options_.resume_from_checkpoint.empty()) {
-    log::info("no checkpoint in {} to resume from; starting a new training run", output_dir_.string());
-  }
-  if (is_main()) {
-    fs::create_directories(output_dir_);
-    metrics_ = MetricsLog(output_dir_ / options_.logging_dir / "metrics.jsonl", state_.step);
-    json run = options_.run_info;
-    run["world_size"] = layout.world;
-    io::write_text_file(output_dir_ / options_.logging_dir / "run.json", run.dump(2) + "\n");
-  }
+  if (!options_.measure_only) resume_and_open_outputs();
   log::info(
       "{} rank(s) x batch {} x accumulation {} = global batch {}; {} steps from step {}, lr {:g}, seed {}, "
       "{} thread(s) per rank, {} trained parameters ({}{})",
@@ -139,6 +126,22 @@ Trainer::Trainer(const TrainerOptions& options, RunContext& context, Task& task)
 }
 
 Trainer::~Trainer() = default;
+
+void Trainer::resume_and_open_outputs() {
+  if (is_main()) discard_partial_checkpoints(output_dir_);
+  context_.comm->barrier();
+  if (auto checkpoint = resolve_checkpoint(output_dir_, options_.resume_from_checkpoint)) {
+    resume_from(*checkpoint);
+  } else if (!options_.resume_from_checkpoint.empty()) {
+    log::info("no checkpoint in {} to resume from; starting a new training run", output_dir_.string());
+  }
+  if (!is_main()) return;
+  fs::create_directories(output_dir_);
+  metrics_ = MetricsLog(output_dir_ / options_.logging_dir / "metrics.jsonl", state_.step);
+  json run = options_.run_info;
+  run["world_size"] = context_.layout.world;
+  io::write_text_file(output_dir_ / options_.logging_dir / "run.json", run.dump(2) + "\n");
+}
 
 StepReport Trainer::train_step() {
   const data::BatchLayout& layout = context_.layout;
@@ -179,9 +182,12 @@ int Trainer::run() {
   ProgressBar bar(task_.name(), max_steps_, state_.step);
   if (!is_main()) bar.finish();
   while (state_.step < max_steps_) {
+    if (options_.before_each_step) options_.before_each_step(state_.step);
     const auto started = std::chrono::steady_clock::now();
     const StepReport report = train_step();
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    if (options_.after_each_step) options_.after_each_step(report, seconds);
+    if (options_.measure_only) continue;
     task_.after_step(report);
     const bool stopping = dist::any_rank_stopping(*context_.comm);
     if (is_main()) {
@@ -199,6 +205,7 @@ int Trainer::run() {
     if (task_.wants_validation(report.step, report.step == max_steps_)) validate(report);
   }
   bar.finish();
+  if (options_.measure_only) return 0;
   const fs::path result = export_final();
   context_.comm->barrier();
   if (is_main()) std::printf("%s\n", result.c_str());

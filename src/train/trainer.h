@@ -9,6 +9,7 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -57,6 +58,11 @@ struct TrainerOptions {
   std::string dist_iface;
   // The command line, kept in <logging_dir>/run.json for reports.
   nlohmann::json run_info = nlohmann::json::object();
+  // For tools that measure the loop (sdtrain benchmark): called on every rank before and after each step; with
+  // measure_only nothing is written (no checkpoints, metrics or final outputs).
+  std::function<void(int64_t step)> before_each_step;
+  std::function<void(const StepReport& report, double seconds)> after_each_step;
+  bool measure_only = false;
 };
 
 // The plain state a resume needs, beside the trained tensors: everything random is a function of the seed and of
@@ -93,6 +99,8 @@ class Trainer {
   TrainableParameters& parameters() { return *params_; }
 
  private:
+  // Leftovers of an interrupted run removed, the checkpoint to resume from loaded, metrics and run.json opened.
+  void resume_and_open_outputs();
   StepReport train_step();
   void record(const StepReport& report, double seconds);
   void save_checkpoint();

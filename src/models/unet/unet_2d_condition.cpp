@@ -251,7 +251,71 @@ int64_t transformer(int64_t channels, int64_t heads, int64_t layers, int64_t con
   return norm(channels) + linear(channels, inner) + layers * block + linear(inner, channels);
 }
 
+// Forward FLOPs of the same blocks over `pixels` positions (2 per multiply-add).
+int64_t conv_flops(int64_t in, int64_t out, int64_t k, int64_t pixels) { return 2 * in * out * k * k * pixels; }
+int64_t linear_flops(int64_t in, int64_t out, int64_t tokens) { return 2 * in * out * tokens; }
+
+int64_t resnet_flops(int64_t in, int64_t out, int64_t temb, int64_t pixels) {
+  return conv_flops(in, out, 3, pixels) + linear_flops(temb, out, 1) + conv_flops(out, out, 3, pixels) +
+         (in != out ? conv_flops(in, out, 1, pixels) : 0);
+}
+
+int64_t attention_flops(int64_t query_dim, int64_t context_dim, int64_t inner, int64_t tokens, int64_t context) {
+  return linear_flops(query_dim, inner, tokens) + 2 * linear_flops(context_dim, inner, context) +
+         2 * 2 * tokens * context * inner + linear_flops(inner, query_dim, tokens);
+}
+
+int64_t transformer_flops(int64_t channels, int64_t heads, int64_t layers, int64_t context_dim, int64_t pixels,
+                          int64_t context) {
+  const int64_t inner = heads * (channels / heads);
+  const int64_t block = attention_flops(inner, inner, inner, pixels, pixels) +
+                        attention_flops(inner, context_dim, inner, pixels, context) +
+                        linear_flops(inner, 4 * inner * 2, pixels) + linear_flops(4 * inner, inner, pixels);
+  return linear_flops(channels, inner, pixels) + layers * block + linear_flops(inner, channels, pixels);
+}
+
 }  // namespace
+
+int64_t count_forward_flops(const UNetConfig& c, int64_t batch, int64_t height, int64_t width, int64_t context_length) {
+  c.validate();
+  const size_t n = c.num_blocks();
+  const auto& ch = c.block_out_channels;
+  const int64_t t = c.time_embed_dim();
+  // Resolution of block i's resnets: halved by every downsampler before it.
+  auto pixels = [&](size_t i) { return ((height + (1 << i) - 1) >> i) * ((width + (1 << i) - 1) >> i); };
+  auto attn = [&](size_t b, size_t level) {
+    return transformer_flops(ch[b], c.heads(b), c.transformer_layers_per_block.at(b), c.cross_attention_dim.at(b),
+                             pixels(level), context_length);
+  };
+  int64_t total =
+      conv_flops(c.in_channels, ch[0], c.conv_in_kernel, pixels(0)) + linear_flops(ch[0], t, 1) + linear_flops(t, t, 1);
+  int64_t out = ch[0];
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t in = out;
+    out = ch[i];
+    for (int64_t l = 0; l < c.layers_per_block.at(i); ++l) {
+      total += resnet_flops(l == 0 ? in : out, out, t, pixels(i));
+      if (c.down_block_types[i] == "CrossAttnDownBlock2D") total += attn(i, i);
+    }
+    if (i + 1 < n) total += conv_flops(out, out, 3, pixels(i + 1));
+  }
+  if (c.mid_block_type) total += 2 * resnet_flops(ch[n - 1], ch[n - 1], t, pixels(n - 1)) + attn(n - 1, n - 1);
+  out = ch[n - 1];
+  for (size_t i = 0; i < n; ++i) {
+    const size_t m = n - 1 - i;
+    const int64_t prev = out;
+    out = ch[m];
+    const int64_t in = ch[m == 0 ? 0 : m - 1];
+    const int64_t layers = c.layers_per_block.at(m) + 1;
+    for (int64_t l = 0; l < layers; ++l) {
+      total += resnet_flops((l == 0 ? prev : out) + (l == layers - 1 ? in : out), out, t, pixels(m));
+      if (c.up_block_types[i] == "CrossAttnUpBlock2D") total += attn(m, m);
+    }
+    if (i + 1 < n) total += conv_flops(out, out, 3, pixels(m - 1));
+  }
+  total += conv_flops(ch[0], c.out_channels, c.conv_out_kernel, pixels(0));
+  return batch * total;
+}
 
 int64_t count_parameters(const UNetConfig& c) {
   c.validate();

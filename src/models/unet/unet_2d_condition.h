@@ -71,4 +71,11 @@ UNet2DConditionModel load_unet(const std::filesystem::path& dir, at::ScalarType 
 // SD-1.5's 860M-parameter UNet needs no memory).
 int64_t count_parameters(const UNetConfig& config);
 
+// Floating-point operations of one forward pass (2 per multiply-add) of convolutions, linear layers and the
+// attention matmuls (q.kT and probs.v), counted from the config for a batch of `batch` latents of height x width and
+// a text context of `context_length` tokens. Norms, activations and other elementwise work are left out, as MFU
+// conventionally counts. A training step (forward, backward for activations and for weights) costs 3x this.
+int64_t count_forward_flops(const UNetConfig& config, int64_t batch, int64_t height, int64_t width,
+                            int64_t context_length = 77);
+
 }  // namespace sd::models

@@ -1,0 +1,296 @@
+// `sdtrain benchmark`: how fast a configuration trains (or generates) on this machine and how close that is to what
+// the machine can do. It runs the real training loop (or txt2img) on synthetic data, under any launcher, and prints
+// one JSON line per rank on stdout and a summary on stderr: seconds per step (median after warm-up), images per
+// second over all ranks, FLOPs per step from the analytic count, achieved GFLOP/s, MFU against the bf16 and float32
+// GEMM peaks measured in the same run, peak resident memory, and the time by op class (perf/op_profiler.h).
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <thread>
+
+#include "cli/commands.h"
+#include "cli/flags.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/threads.h"
+#include "dist/rendezvous.h"
+#include "io/image.h"
+#include "io/json_config.h"
+#include "models/unet/unet_2d_condition.h"
+#include "perf/machine.h"
+#include "perf/op_profiler.h"
+#include "pipeline/presets.h"
+#include "pipeline/stable_diffusion.h"
+#include "pipeline/txt2img.h"
+#include "schedulers/factory.h"
+#include "train/precision.h"
+#include "train/tasks/textual_inversion.h"
+#include "train/tasks/unet_training.h"
+
+namespace sd::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+struct BenchmarkOptions {
+  std::string task = "unet";
+  std::string model;
+  std::string preset = "sd15";
+  int resolution = 256;
+  int64_t train_batch_size = 1;
+  std::string mixed_precision = "bf16";
+  int steps = 5;
+  int warmup = 2;
+  std::string sharding = "no_shard";
+  bool gradient_checkpointing = false;
+  std::string data = "latents";
+  int num_inference_steps = 10;
+  bool profile = true;
+  std::optional<int> threads;
+  double dist_timeout_s = 600;
+};
+
+// What the measured steps give; everything per rank unless said otherwise.
+struct Measurement {
+  std::vector<double> step_seconds;  // measured steps only
+  int64_t peak_rss = 0;
+  perf::OpProfile profile;
+  int64_t flops_per_step = 0;  // this rank's share
+  int64_t images_per_step = 0;  // over all ranks
+  int world = 1, rank = 0;
+};
+
+// Steps before `warmup` run untimed; from then on the profiler records and the peak-memory mark restarts.
+class StepMeter {
+ public:
+  StepMeter(const BenchmarkOptions& o, Measurement& m) : o_(o), m_(m) {}
+  void before(int64_t step) {
+    if (step != o_.warmup) return;
+    perf::reset_peak_rss();
+    if (o_.profile) profiler_.emplace();
+  }
+  void after(int64_t step, double seconds) {
+    if (step <= o_.warmup) return;
+    m_.step_seconds.push_back(seconds);
+    if (static_cast<int>(m_.step_seconds.size()) == o_.steps) finish();
+  }
+
+ private:
+  void finish() {
+    m_.peak_rss = perf::peak_rss_bytes();
+    if (profiler_) m_.profile = profiler_->profile();
+    profiler_.reset();
+  }
+  const BenchmarkOptions& o_;
+  Measurement& m_;
+  std::optional<perf::OpProfiler> profiler_;
+};
+
+// A random-weight pipeline of the preset, written once (bf16 weights) under the user's cache folder and reused.
+fs::path preset_dir(const std::string& preset) {
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  const char* home = std::getenv("HOME");
+  const fs::path cache = xdg && *xdg ? fs::path(xdg) : fs::path(home ? home : "/tmp") / ".cache";
+  const fs::path dir = cache / "sdtrain" / "presets" / (preset + "-bf16");
+  if (!fs::exists(dir / "model_index.json")) {
+    log::info("writing a random {} pipeline to {} (once)", preset, dir.string());
+    pipeline::write_preset(preset, 0, dir, at::kBFloat16);
+  }
+  return dir;
+}
+
+train::TrainerOptions trainer_options(const BenchmarkOptions& o, StepMeter& meter) {
+  train::TrainerOptions t;
+  t.train_batch_size = o.train_batch_size;
+  t.max_train_steps = o.warmup + o.steps;
+  t.mixed_precision = o.mixed_precision;
+  t.sharding = o.sharding;
+  t.seed = 0;
+  t.threads = o.threads;
+  t.dist_timeout_s = o.dist_timeout_s;
+  t.lr_warmup_steps = 0;
+  t.measure_only = true;
+  t.before_each_step = [&meter](int64_t step) { meter.before(step); };
+  t.after_each_step = [&meter](const train::StepReport& r, double seconds) { meter.after(r.step, seconds); };
+  return t;
+}
+
+void measure_unet_training(const BenchmarkOptions& o, const fs::path& model, Measurement& m) {
+  StepMeter meter(o, m);
+  train::UNetTrainingOptions u;
+  u.training = trainer_options(o, meter);
+  u.pretrained_model_name_or_path = model.string();
+  u.synthetic_data = o.data;
+  u.synthetic_samples = 1 << 20;
+  u.resolution = o.resolution;
+  u.gradient_checkpointing = o.gradient_checkpointing;
+  SD_CHECK(train::run_unet_training(u) == 0, "the benchmark's training run failed");
+  const models::UNetConfig config = models::UNetConfig::load((model / "unet" / "config.json").string());
+  const int64_t latent = o.resolution / 8;
+  // Forward, then backward for activations and for weights: 3x the forward.
+  m.flops_per_step = 3 * models::count_forward_flops(config, o.train_batch_size, latent, latent);
+}
+
+void measure_textual_inversion(const BenchmarkOptions& o, const fs::path& model, const fs::path& work,
+                               Measurement& m) {
+  for (int i = 0; i < 4; ++i) {
+    io::RgbImage image{o.resolution, o.resolution, std::vector<uint8_t>(static_cast<size_t>(o.resolution) * o.resolution * 3)};
+    for (size_t p = 0; p < image.pixels.size(); ++p) image.pixels[p] = static_cast<uint8_t>((p * (3 + i)) % 241);
+    io::save_png(work / "images" / fmt::format("img{}.png", i), image);
+  }
+  StepMeter meter(o, m);
+  train::TextualInversionOptions t;
+  t.training = trainer_options(o, meter);
+  t.pretrained_model_name_or_path = model.string();
+  t.train_data_dir = (work / "images").string();
+  t.placeholder_token = "<benchmark>";
+  t.initializer_token = "toy";
+  t.resolution = o.resolution;
+  t.gradient_checkpointing = o.gradient_checkpointing;
+  SD_CHECK(train::run_textual_inversion(t) == 0, "the benchmark's training run failed");
+  const models::UNetConfig config = models::UNetConfig::load((model / "unet" / "config.json").string());
+  const int64_t latent = o.resolution / 8;
+  // The frozen UNet: forward, then backward for activations only.
+  m.flops_per_step = 2 * models::count_forward_flops(config, o.train_batch_size, latent, latent);
+}
+
+void measure_generation(const BenchmarkOptions& o, const fs::path& model, Measurement& m) {
+  set_compute_threads(o.threads.value_or(static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))));
+  const train::PrecisionPolicy precision = train::PrecisionPolicy::from_flag(o.mixed_precision);
+  pipeline::StableDiffusion pipe = pipeline::load_pipeline(model, {at::kFloat, precision.frozen, precision.frozen});
+  auto scheduler = schedulers::make_scheduler(pipe.scheduler_config);
+  pipeline::Txt2ImgOptions options;
+  options.prompts = {"a photograph of an astronaut riding a horse"};
+  options.num_inference_steps = o.num_inference_steps;
+  options.height = options.width = o.resolution;
+  options.num_images_per_prompt = o.train_batch_size;
+  // One generation to warm up, one measured; a step is one denoising step (the UNet on the guided batch).
+  pipeline::txt2img(pipe, *scheduler, options);
+  BenchmarkOptions counted = o;
+  counted.steps = static_cast<int>(scheduler->timesteps().size(0));  // PNDM runs one step more than asked
+  StepMeter meter(counted, m);
+  auto last = std::chrono::steady_clock::now();
+  pipeline::Txt2ImgHooks hooks;
+  hooks.on_progress = [&](int done, int total) {
+    const auto now = std::chrono::steady_clock::now();
+    meter.after(o.warmup + done, std::chrono::duration<double>(now - last).count());
+    last = now;
+  };
+  meter.before(o.warmup);
+  pipeline::txt2img(pipe, *scheduler, options, hooks);
+  const int64_t latent = o.resolution / 8;
+  m.flops_per_step = 2 * models::count_forward_flops(pipe.unet->config(), o.train_batch_size, latent, latent);
+}
+
+const char* dtype_name(at::ScalarType t) { return t == at::kBFloat16 ? "bf16" : "float32"; }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+int run_benchmark(BenchmarkOptions o) {
+  SD_CHECK(o.steps >= 1 && o.warmup >= 0, "--steps must be >= 1 and --warmup >= 0");
+  SD_CHECK(o.resolution > 0 && o.resolution % 8 == 0, "--resolution {} must be a positive multiple of 8", o.resolution);
+  const fs::path model = o.model.empty() ? preset_dir(o.preset) : fs::path(o.model);
+  pipeline::check_pipeline_layout(model);
+  const fs::path work = fs::temp_directory_path() / fmt::format("sdtrain-benchmark-{}", getpid());
+  Measurement m;
+  if (o.task == "unet")
+    measure_unet_training(o, model, m);
+  else if (o.task == "textual-inversion")
+    measure_textual_inversion(o, model, work, m);
+  else
+    measure_generation(o, model, m);
+  fs::remove_all(work);
+  SD_CHECK(!m.step_seconds.empty(), "no step was measured");
+  if (o.task == "unet" && dist::detect_dist_env().rank == 0)
+    std::printf("%s\n", pipeline::parameter_line(pipeline::summarize_components(model)).c_str());
+
+  // Generation runs in one process; training on every rank the launcher started.
+  m.world = o.task == "generate" ? 1 : dist::detect_dist_env().world_size;
+  // Peaks with the threads the run used (the training run sized the pool for this rank).
+  const double bf16_peak = perf::gemm_gflops(at::kBFloat16), fp32_peak = perf::gemm_gflops(at::kFloat);
+  const double seconds = median(m.step_seconds);
+  // A training step takes a batch per rank; a generation takes all its denoising steps for one batch.
+  const double images_per_s =
+      static_cast<double>(o.train_batch_size * m.world) /
+      (o.task == "generate" ? seconds * static_cast<double>(m.step_seconds.size()) : seconds);
+  const double gflops = static_cast<double>(m.flops_per_step) / seconds / 1e9;
+  const train::PrecisionPolicy precision = train::PrecisionPolicy::from_flag(o.mixed_precision);
+  const double compute_peak = precision.compute == at::kBFloat16 ? bf16_peak : fp32_peak;
+  json line = {{"task", o.task},
+               {"model", o.model.empty() ? o.preset : o.model},
+               {"resolution", o.resolution},
+               {"train_batch_size", o.train_batch_size},
+               {"mixed_precision", o.mixed_precision},
+               {"compute_dtype", dtype_name(precision.compute)},
+               {"sharding", o.sharding},
+               {"world_size", m.world},
+               {"threads", at::get_num_threads()},
+               {"s_per_step", seconds},
+               {"step_seconds", m.step_seconds},
+               {"images_per_s", images_per_s},
+               {"flops_per_step", m.flops_per_step},
+               {"achieved_gflops", gflops},
+               {"gemm_peak_gflops", {{"bf16", bf16_peak}, {"float32", fp32_peak}}},
+               {"mfu", gflops / compute_peak},
+               {"peak_rss_gib", static_cast<double>(m.peak_rss) / (1 << 30)},
+               {"op_seconds", m.profile.seconds}};
+  std::printf("%s\n", line.dump().c_str());
+  std::fflush(stdout);
+  log::info("{} {} {}² batch {} {} ({} compute), {} rank(s) x {} thread(s): {:.3f} s/step, {:.2f} images/s, "
+            "{:.1f} GFLOP/s = {:.0f}% of the {} GEMM peak ({:.0f} GFLOP/s; bf16 {:.0f}, float32 {:.0f}), peak {:.2f} GiB",
+            o.task, o.model.empty() ? o.preset : o.model, o.resolution, o.train_batch_size, o.mixed_precision,
+            dtype_name(precision.compute), m.world, at::get_num_threads(), seconds, images_per_s, gflops,
+            100 * gflops / compute_peak, dtype_name(precision.compute), compute_peak, bf16_peak, fp32_peak,
+            static_cast<double>(m.peak_rss) / (1 << 30));
+  if (!m.profile.seconds.empty()) {
+    double measured = 0;
+    for (double s : m.step_seconds) measured += s;
+    std::string split;
+    for (const auto& [name, s] : m.profile.seconds)
+      split += fmt::format("{}{} {:.0f}%", split.empty() ? "" : ", ", name, 100 * s / measured);
+    log::info("time by op class: {}", split);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_benchmark(CLI::App& app, std::function<int()>& chosen) {
+  auto* cmd = app.add_subcommand(
+      "benchmark", "Measure training or generation speed, MFU and memory on synthetic data (one JSON line per rank)");
+  auto o = std::make_shared<BenchmarkOptions>();
+  flag(cmd, "--task", o->task, "What to measure")->check(CLI::IsMember({"unet", "textual-inversion", "generate"}));
+  flag(cmd, "--model", o->model, "A pipeline folder (default: a random pipeline of --preset)");
+  flag(cmd, "--preset", o->preset, "Architecture of the random pipeline used without --model")
+      ->check(CLI::IsMember(pipeline::preset_names()));
+  flag(cmd, "--resolution", o->resolution, "Image size");
+  flag(cmd, "--train_batch_size", o->train_batch_size, "Images per rank per step (generate: images per prompt)")
+      ->check(CLI::PositiveNumber);
+  flag(cmd, "--mixed_precision", o->mixed_precision, "no or bf16")->check(CLI::IsMember({"no", "bf16"}));
+  flag(cmd, "--steps", o->steps, "Measured steps (generate: --num_inference_steps)")->check(CLI::PositiveNumber);
+  flag(cmd, "--warmup", o->warmup, "Untimed steps first")->check(CLI::NonNegativeNumber);
+  flag(cmd, "--sharding", o->sharding, "no_shard or shard_grad_op (training)")
+      ->check(CLI::IsMember({"no_shard", "shard_grad_op"}));
+  switch_flag(cmd, "--gradient_checkpointing", o->gradient_checkpointing, "Recompute activations in backward");
+  flag(cmd, "--data", o->data,
+       "unet: latents (the UNet alone) or images (VAE and text encoder too, on random images)")
+      ->check(CLI::IsMember({"latents", "images"}));
+  flag(cmd, "--num_inference_steps", o->num_inference_steps, "generate: denoising steps")->check(CLI::PositiveNumber);
+  cmd->add_flag("--profile,!--no_profile", o->profile, "Time by op class (LibTorch's RecordFunction hooks)")
+      ->capture_default_str();
+  flag(cmd, "--threads", o->threads, "Intra-op threads per rank (default: cores / ranks on this node)")
+      ->check(CLI::PositiveNumber);
+  flag(cmd, "--dist_timeout", o->dist_timeout_s, "Seconds before a lost or hung peer ends the run");
+  cmd->callback([o, &chosen] { chosen = [o] { return run_benchmark(*o); }; });
+}
+
+}  // namespace sd::cli

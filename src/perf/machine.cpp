@@ -1,0 +1,34 @@
+#include "perf/machine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace sd::perf {
+
+void reset_peak_rss() { std::ofstream("/proc/self/clear_refs") << "5"; }
+
+int64_t peak_rss_bytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  return -1;
+}
+
+double gemm_gflops(at::ScalarType dtype, int64_t n, int repeats) {
+  const at::Tensor a = at::randn({n, n}).to(dtype), b = at::randn({n, n}).to(dtype);
+  at::mm(a, b);
+  std::vector<double> seconds;
+  for (int i = 0; i < repeats; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    at::mm(a, b);
+    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  std::sort(seconds.begin(), seconds.end());
+  return 2.0 * static_cast<double>(n) * n * n / seconds[seconds.size() / 2] / 1e9;
+}
+
+}  // namespace sd::perf

@@ -1,0 +1,18 @@
+// What a benchmark measures about the machine: peak resident memory and the GEMM throughput MFU is taken against.
+#pragma once
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+namespace sd::perf {
+
+// Resets this process's peak-RSS mark (Linux >= 4.0), so peak_rss_bytes() covers only what follows.
+void reset_peak_rss();
+// The kernel's high-water mark of this process's resident memory (VmHWM), or -1 if unknown.
+int64_t peak_rss_bytes();
+
+// GFLOP/s of LibTorch's at::mm on n x n matrices of `dtype` with the current intra-op threads: the median of
+// `repeats` after a warm-up. What the machine's matmul kernels reach, the denominator of MFU.
+double gemm_gflops(at::ScalarType dtype, int64_t n = 1024, int repeats = 5);
+
+}  // namespace sd::perf

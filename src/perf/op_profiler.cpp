@@ -1,0 +1,156 @@
+#include "perf/op_profiler.h"
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "core/error.h"
+
+namespace sd::perf {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+bool contains(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
+
+// One open op on the profiled thread.
+struct Frame {
+  OpClass op_class;
+  Clock::time_point start;
+  double children_s = 0;
+  bool is_scope = false;
+};
+
+struct State {
+  std::thread::id thread;
+  bool count_flops = false;
+  std::vector<Frame> stack;
+  std::map<OpClass, double> seconds;
+  int64_t flops = 0;
+  mutable std::mutex mutex;  // profile() may read from another thread
+};
+
+std::atomic<State*> g_state{nullptr};
+
+int64_t product(at::IntArrayRef sizes) {
+  int64_t p = 1;
+  for (int64_t s : sizes) p *= s;
+  return p;
+}
+
+// 2 x multiply-adds of the ops that carry a model's FLOPs, from their inputs.
+int64_t op_flops(const at::RecordFunction& fn) {
+  const std::string name = fn.name();
+  const auto inputs = fn.inputs();
+  auto sizes = [&](size_t i) { return inputs[i].toTensor().sizes(); };
+  if (name == "aten::convolution" && inputs.size() >= 9 && inputs[0].isTensor() && inputs[1].isTensor()) {
+    const auto x = sizes(0), w = sizes(1);
+    const auto stride = inputs[3].toIntVector(), padding = inputs[4].toIntVector(), dilation = inputs[5].toIntVector();
+    int64_t out_pixels = 1;
+    for (size_t d = 0; d + 2 < x.size(); ++d)
+      out_pixels *= (x[d + 2] + 2 * padding[d] - dilation[d] * (w[d + 2] - 1) - 1) / stride[d] + 1;
+    return 2 * x[0] * product(w) * out_pixels;  // weight = [out, in / groups, k...]
+  }
+  if ((name == "aten::mm" || name == "aten::addmm") && inputs.size() >= 2) {
+    const size_t a = name == "aten::mm" ? 0 : 1;
+    return 2 * sizes(a)[0] * sizes(a)[1] * sizes(a + 1)[1];
+  }
+  if ((name == "aten::bmm" || name == "aten::baddbmm") && inputs.size() >= 2) {
+    const size_t a = name == "aten::bmm" ? 0 : 1;
+    return 2 * sizes(a)[0] * sizes(a)[1] * sizes(a)[2] * sizes(a + 1)[2];
+  }
+  return 0;
+}
+
+std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+  State* state = g_state.load();
+  if (!state || std::this_thread::get_id() != state->thread) return nullptr;
+  const std::string name = fn.name();
+  std::lock_guard<std::mutex> lock(state->mutex);
+  const bool scope = fn.scope() == at::RecordScope::USER_SCOPE && name.rfind("sdtrain::", 0) == 0;
+  // An op belongs to the outermost enclosing op of a class other than elementwise (the copies and allocations
+  // inside a convolution are the convolution's), or to sdtrain's scope around it; else to its own class.
+  OpClass c = classify_op(name);
+  for (const Frame& f : state->stack)
+    if (f.is_scope || f.op_class != OpClass::kElementwise) {
+      c = f.op_class;
+      break;
+    }
+  state->stack.push_back({c, Clock::now(), 0, scope});
+  if (state->count_flops && fn.scope() == at::RecordScope::FUNCTION) state->flops += op_flops(fn);
+  return nullptr;
+}
+
+void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
+  State* state = g_state.load();
+  if (!state || std::this_thread::get_id() != state->thread) return;
+  std::lock_guard<std::mutex> lock(state->mutex);
+  if (state->stack.empty()) return;  // an op that started before the profiler
+  const Frame f = state->stack.back();
+  state->stack.pop_back();
+  const double total = std::chrono::duration<double>(Clock::now() - f.start).count();
+  state->seconds[f.op_class] += total - f.children_s;
+  if (!state->stack.empty()) state->stack.back().children_s += total;
+}
+
+}  // namespace
+
+const char* op_class_name(OpClass c) {
+  switch (c) {
+    case OpClass::kConv: return "conv";
+    case OpClass::kLinear: return "linear";
+    case OpClass::kAttention: return "attention";
+    case OpClass::kNorm: return "norm";
+    case OpClass::kElementwise: return "elementwise";
+    case OpClass::kOptimizer: return "optimizer";
+    case OpClass::kCommunication: return "communication";
+    case OpClass::kDataWait: return "data_wait";
+  }
+  return "?";
+}
+
+OpClass classify_op(const std::string& name) {
+  if (name == "sdtrain::optimizer") return OpClass::kOptimizer;
+  if (name == "sdtrain::communication") return OpClass::kCommunication;
+  if (name == "sdtrain::data_wait") return OpClass::kDataWait;
+  if (contains(name, "conv") || contains(name, "Convolution")) return OpClass::kConv;
+  if (contains(name, "bmm") || contains(name, "softmax") || contains(name, "Softmax")) return OpClass::kAttention;
+  if (name == "aten::mm" || name == "aten::addmm" || name == "aten::linear" || name == "aten::matmul" ||
+      contains(name, "MmBackward") || contains(name, "AddmmBackward"))
+    return OpClass::kLinear;
+  if (contains(name, "group_norm") || contains(name, "layer_norm") || contains(name, "GroupNorm") ||
+      contains(name, "LayerNorm"))
+    return OpClass::kNorm;
+  return OpClass::kElementwise;
+}
+
+OpProfiler::OpProfiler(bool count_flops) {
+  auto* state = new State;
+  state->thread = std::this_thread::get_id();
+  state->count_flops = count_flops;
+  State* expected = nullptr;
+  if (!g_state.compare_exchange_strong(expected, state)) {
+    delete state;
+    fail("only one OpProfiler may run at a time");
+  }
+  handle_ = at::addGlobalCallback(at::RecordFunctionCallback(on_start, on_end).needsInputs(count_flops));
+}
+
+OpProfiler::~OpProfiler() {
+  at::removeCallback(handle_);
+  delete g_state.exchange(nullptr);
+}
+
+OpProfile OpProfiler::profile() const {
+  State* state = g_state.load();
+  std::lock_guard<std::mutex> lock(state->mutex);
+  OpProfile p;
+  for (const auto& [c, s] : state->seconds) p.seconds[op_class_name(c)] = s;
+  p.matmul_flops = state->flops;
+  return p;
+}
+
+}  // namespace sd::perf

@@ -1,0 +1,45 @@
+// Where the time of a training step goes, by op class, and how many matmul/convolution FLOPs it really ran, from
+// LibTorch's RecordFunction hooks on the thread that started the profiler:
+//   conv, linear, attention (bmm, baddbmm, softmax), norm, elementwise (everything else LibTorch runs),
+//   optimizer (AdamW and EMA), communication (waiting for collectives), data wait (waiting for the loader)
+// An op's self time (its time minus the ops it called) goes to the class of the outermost op around it that is not
+// elementwise (a convolution's internal copies are the convolution's), or to sdtrain's own scope around it
+// (SD_PERF_SCOPE), else to its own class.
+#pragma once
+#include <ATen/record_function.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace sd::perf {
+
+enum class OpClass { kConv, kLinear, kAttention, kNorm, kElementwise, kOptimizer, kCommunication, kDataWait };
+const char* op_class_name(OpClass c);
+// The class of a LibTorch op or autograd node by its name ("aten::convolution_backward" -> conv).
+OpClass classify_op(const std::string& name);
+
+// Marks a region of sdtrain's own code for the profiler (a RecordFunction user scope; free when no profiler runs).
+// The names are the classes: "sdtrain::optimizer", "sdtrain::communication", "sdtrain::data_wait".
+#define SD_PERF_SCOPE(name) RECORD_USER_SCOPE(name)
+
+struct OpProfile {
+  std::map<std::string, double> seconds;  // by op class name
+  int64_t matmul_flops = 0;               // 2 x multiply-adds of convolutions and (batched) matrix products
+};
+
+// Records while alive (one at a time); profile() reads what was recorded so far.
+class OpProfiler {
+ public:
+  // `count_flops` also reads every op's inputs to count FLOPs (slower).
+  explicit OpProfiler(bool count_flops = false);
+  ~OpProfiler();
+  OpProfiler(const OpProfiler&) = delete;
+  OpProfiler& operator=(const OpProfiler&) = delete;
+  OpProfile profile() const;
+
+ private:
+  at::CallbackHandle handle_;
+};
+
+}  // namespace sd::perf

@@ -1,0 +1,96 @@
+// `sdtrain benchmark` on tiny-sd1: every task prints one JSON line per rank with the measured numbers, whose
+// FLOPs come from the analytic count; the parameter summary line; and the errors for bad input.
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "models/unet/unet_2d_condition.h"
+#include "process_util.h"
+#include "test_util.h"
+
+namespace sd {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::vector<std::string> benchmark(const std::vector<std::string>& args) {
+  std::vector<std::string> command = {sd::test::sdtrain_binary(), "benchmark",
+                                      "--model=" + (sd::test::fixtures() / "tiny-sd1").string(),
+                                      "--resolution=64",
+                                      "--steps=2",
+                                      "--warmup=1",
+                                      "--threads=1"};
+  command.insert(command.end(), args.begin(), args.end());
+  return command;
+}
+
+// The JSON lines of a run's output (the rest is logging).
+std::vector<nlohmann::json> json_lines(const std::string& output) {
+  std::vector<nlohmann::json> lines;
+  std::istringstream in(output);
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty() && line[0] == '{') lines.push_back(nlohmann::json::parse(line));
+  return lines;
+}
+
+int64_t tiny_forward_flops(int64_t batch) {
+  return models::count_forward_flops(models::UNetConfig::load((sd::test::fixtures() / "tiny-sd1" / "unet" /
+                                                               "config.json")
+                                                                  .string()),
+                                     batch, 8, 8);
+}
+
+TEST(BenchmarkE2E, UNetTrainingReportsStepsFlopsMfuMemoryAndOpClasses) {
+  auto r = sd::test::run_process(benchmark({"--task=unet", "--train_batch_size=2", "--mixed_precision=no"}), 300s);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("Model has 4.737444 M parameters and 2.164452 M trainable"), std::string::npos) << r.output;
+  const auto lines = json_lines(r.output);
+  ASSERT_EQ(lines.size(), 1u) << r.output;
+  const auto& j = lines[0];
+  EXPECT_EQ(j["step_seconds"].size(), 2u);
+  EXPECT_GT(j["s_per_step"].get<double>(), 0);
+  EXPECT_EQ(j["flops_per_step"].get<int64_t>(), 3 * tiny_forward_flops(2));
+  EXPECT_GT(j["mfu"].get<double>(), 0);
+  EXPECT_LT(j["mfu"].get<double>(), 1.5);
+  EXPECT_GT(j["peak_rss_gib"].get<double>(), 0);
+  EXPECT_GT(j["gemm_peak_gflops"]["float32"].get<double>(), 0);
+  for (const char* op : {"conv", "linear", "attention", "norm", "optimizer"})
+    EXPECT_GT(j["op_seconds"][op].get<double>(), 0) << op;
+}
+
+TEST(BenchmarkE2E, ShardedTrainingOnTwoRanksPrintsALinePerRank) {
+  auto r = sd::test::run_process(sd::test::under_launch(2, benchmark({"--task=unet", "--sharding=shard_grad_op",
+                                                                      "--mixed_precision=no", "--no_profile"})),
+                                 300s);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto lines = json_lines(r.output);
+  ASSERT_EQ(lines.size(), 2u) << r.output;
+  for (const auto& j : lines) {
+    EXPECT_EQ(j["world_size"], 2);
+    EXPECT_EQ(j["sharding"], "shard_grad_op");
+    EXPECT_TRUE(j["op_seconds"].empty());
+  }
+}
+
+TEST(BenchmarkE2E, TextualInversionAndGeneration) {
+  auto ti = sd::test::run_process(benchmark({"--task=textual-inversion", "--mixed_precision=no"}), 300s);
+  ASSERT_EQ(ti.exit_code, 0) << ti.output;
+  ASSERT_EQ(json_lines(ti.output).size(), 1u) << ti.output;
+  EXPECT_EQ(json_lines(ti.output)[0]["flops_per_step"].get<int64_t>(), 2 * tiny_forward_flops(1));
+  auto gen = sd::test::run_process(benchmark({"--task=generate", "--num_inference_steps=3", "--mixed_precision=no"}),
+                                   300s);
+  ASSERT_EQ(gen.exit_code, 0) << gen.output;
+  const auto lines = json_lines(gen.output);
+  ASSERT_EQ(lines.size(), 1u) << gen.output;
+  EXPECT_EQ(lines[0]["step_seconds"].size(), 4u) << "tiny-sd1's PNDM runs one UNet step more than asked";
+  EXPECT_EQ(lines[0]["flops_per_step"].get<int64_t>(), 2 * tiny_forward_flops(1)) << "guidance doubles the batch";
+}
+
+TEST(BenchmarkE2E, BadInput) {
+  auto r = sd::test::run_command(sd::test::sdtrain_binary() + " benchmark --model=/nonexistent --steps=1");
+  EXPECT_TRUE(sd::test::is_one_line_error(r, "/nonexistent")) << r.output;
+  auto res = sd::test::run_command(sd::test::sdtrain_binary() + " benchmark --resolution=30 --steps=1");
+  EXPECT_TRUE(sd::test::is_one_line_error(res, "--resolution 30 must be a positive multiple of 8")) << res.output;
+}
+
+}  // namespace
+}  // namespace sd

@@ -1,0 +1,55 @@
+// The analytic FLOP count of the UNet (what MFU is computed from) against the FLOPs the convolutions and matrix
+// products of a real forward pass perform, counted from their shapes as they run.
+#include <gtest/gtest.h>
+
+#include "models/unet/unet_2d_condition.h"
+#include "perf/op_profiler.h"
+#include "test_util.h"
+
+namespace sd::models {
+namespace {
+
+TEST(UNetFlops, AnalyticCountEqualsWhatAForwardPassRuns) {
+  for (const std::string pipeline : {"tiny-sd1", "tiny-sd2"}) {
+    SCOPED_TRACE(pipeline);
+    UNet2DConditionModel unet = load_unet(sd::test::fixtures() / pipeline / "unet");
+    const auto& c = unet->config();
+    for (auto [h, w] : {std::pair<int64_t, int64_t>{16, 16}, {24, 8}}) {
+      const at::Tensor sample = at::randn({2, c.in_channels, h, w});
+      const at::Tensor context = at::randn({2, 77, c.cross_attention_dim.at(0)});
+      torch::NoGradGuard no_grad;
+      perf::OpProfiler profiler(/*count_flops=*/true);
+      unet->forward(sample, at::tensor({int64_t{1}, int64_t{500}}), context);
+      EXPECT_EQ(count_forward_flops(c, 2, h, w, 77), profiler.profile().matmul_flops) << h << "x" << w;
+    }
+  }
+}
+
+TEST(UNetFlops, StableDiffusion15MatchesTheMeasuredFigures) {
+  // DESIGN.md: SD-1.5's UNet forward costs 0.180 TFLOP at 32x32 latents and 0.803 TFLOP at 64x64.
+  EXPECT_NEAR(count_forward_flops(UNetConfig::sd15(), 1, 32, 32) / 1e12, 0.180, 0.0015);
+  EXPECT_NEAR(count_forward_flops(UNetConfig::sd15(), 1, 64, 64) / 1e12, 0.803, 0.004);
+}
+
+TEST(OpProfiler, ClassifiesOpsAndScopes) {
+  EXPECT_EQ(perf::classify_op("aten::convolution_backward"), perf::OpClass::kConv);
+  EXPECT_EQ(perf::classify_op("aten::baddbmm"), perf::OpClass::kAttention);
+  EXPECT_EQ(perf::classify_op("aten::_softmax_backward_data"), perf::OpClass::kAttention);
+  EXPECT_EQ(perf::classify_op("aten::addmm"), perf::OpClass::kLinear);
+  EXPECT_EQ(perf::classify_op("aten::native_group_norm_backward"), perf::OpClass::kNorm);
+  EXPECT_EQ(perf::classify_op("aten::silu"), perf::OpClass::kElementwise);
+  at::Tensor a = at::randn({256, 256});
+  perf::OpProfiler profiler;
+  {
+    SD_PERF_SCOPE("sdtrain::optimizer");
+    for (int i = 0; i < 20; ++i) a.mul_(1.0001);
+  }
+  for (int i = 0; i < 20; ++i) at::mm(a, a);
+  const auto seconds = profiler.profile().seconds;
+  EXPECT_GT(seconds.at("optimizer"), 0.0);
+  EXPECT_GT(seconds.at("linear"), 0.0);
+  EXPECT_EQ(seconds.count("elementwise"), 0u) << "the muls ran inside the optimizer scope, the allocations in mm";
+}
+
+}  // namespace
+}  // namespace sd::models
