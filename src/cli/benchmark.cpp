@@ -61,7 +61,7 @@ struct Measurement {
   std::vector<double> step_seconds;  // measured steps only
   int64_t peak_rss = 0;
   perf::OpProfile profile;
-  int64_t flops_per_step = 0;  // this rank's share
+  int64_t flops_per_step = 0;   // this rank's share
   int64_t images_per_step = 0;  // over all ranks
   int world = 1, rank = 0;
 };
@@ -137,10 +137,10 @@ void measure_unet_training(const BenchmarkOptions& o, const fs::path& model, Mea
   m.flops_per_step = 3 * models::count_forward_flops(config, o.train_batch_size, latent, latent);
 }
 
-void measure_textual_inversion(const BenchmarkOptions& o, const fs::path& model, const fs::path& work,
-                               Measurement& m) {
+void measure_textual_inversion(const BenchmarkOptions& o, const fs::path& model, const fs::path& work, Measurement& m) {
   for (int i = 0; i < 4; ++i) {
-    io::RgbImage image{o.resolution, o.resolution, std::vector<uint8_t>(static_cast<size_t>(o.resolution) * o.resolution * 3)};
+    io::RgbImage image{o.resolution, o.resolution,
+                       std::vector<uint8_t>(static_cast<size_t>(o.resolution) * o.resolution * 3)};
     for (size_t p = 0; p < image.pixels.size(); ++p) image.pixels[p] = static_cast<uint8_t>((p * (3 + i)) % 241);
     io::save_png(work / "images" / fmt::format("img{}.png", i), image);
   }
@@ -219,9 +219,8 @@ int run_benchmark(BenchmarkOptions o) {
   const double bf16_peak = perf::gemm_gflops(at::kBFloat16), fp32_peak = perf::gemm_gflops(at::kFloat);
   const double seconds = median(m.step_seconds);
   // A training step takes a batch per rank; a generation takes all its denoising steps for one batch.
-  const double images_per_s =
-      static_cast<double>(o.train_batch_size * m.world) /
-      (o.task == "generate" ? seconds * static_cast<double>(m.step_seconds.size()) : seconds);
+  const double images_per_s = static_cast<double>(o.train_batch_size * m.world) /
+                              (o.task == "generate" ? seconds * static_cast<double>(m.step_seconds.size()) : seconds);
   const double gflops = static_cast<double>(m.flops_per_step) / seconds / 1e9;
   const train::PrecisionPolicy precision = train::PrecisionPolicy::from_flag(o.mixed_precision);
   const double compute_peak = precision.compute == at::kBFloat16 ? bf16_peak : fp32_peak;
@@ -245,12 +244,13 @@ int run_benchmark(BenchmarkOptions o) {
                {"op_seconds", m.profile.seconds}};
   std::printf("%s\n", line.dump().c_str());
   std::fflush(stdout);
-  log::info("{} {} {}² batch {} {} ({} compute), {} rank(s) x {} thread(s): {:.3f} s/step, {:.2f} images/s, "
-            "{:.1f} GFLOP/s = {:.0f}% of the {} GEMM peak ({:.0f} GFLOP/s; bf16 {:.0f}, float32 {:.0f}), peak {:.2f} GiB",
-            o.task, o.model.empty() ? o.preset : o.model, o.resolution, o.train_batch_size, o.mixed_precision,
-            dtype_name(precision.compute), m.world, at::get_num_threads(), seconds, images_per_s, gflops,
-            100 * gflops / compute_peak, dtype_name(precision.compute), compute_peak, bf16_peak, fp32_peak,
-            static_cast<double>(m.peak_rss) / (1 << 30));
+  log::info(
+      "{} {} {}² batch {} {} ({} compute), {} rank(s) x {} thread(s): {:.3f} s/step, {:.2f} images/s, "
+      "{:.1f} GFLOP/s = {:.0f}% of the {} GEMM peak ({:.0f} GFLOP/s; bf16 {:.0f}, float32 {:.0f}), peak {:.2f} GiB",
+      o.task, o.model.empty() ? o.preset : o.model, o.resolution, o.train_batch_size, o.mixed_precision,
+      dtype_name(precision.compute), m.world, at::get_num_threads(), seconds, images_per_s, gflops,
+      100 * gflops / compute_peak, dtype_name(precision.compute), compute_peak, bf16_peak, fp32_peak,
+      static_cast<double>(m.peak_rss) / (1 << 30));
   if (!m.profile.seconds.empty()) {
     double measured = 0;
     for (double s : m.step_seconds) measured += s;
@@ -281,8 +281,7 @@ void add_benchmark(CLI::App& app, std::function<int()>& chosen) {
   flag(cmd, "--sharding", o->sharding, "no_shard or shard_grad_op (training)")
       ->check(CLI::IsMember({"no_shard", "shard_grad_op"}));
   switch_flag(cmd, "--gradient_checkpointing", o->gradient_checkpointing, "Recompute activations in backward");
-  flag(cmd, "--data", o->data,
-       "unet: latents (the UNet alone) or images (VAE and text encoder too, on random images)")
+  flag(cmd, "--data", o->data, "unet: latents (the UNet alone) or images (VAE and text encoder too, on random images)")
       ->check(CLI::IsMember({"latents", "images"}));
   flag(cmd, "--num_inference_steps", o->num_inference_steps, "generate: denoising steps")->check(CLI::PositiveNumber);
   cmd->add_flag("--profile,!--no_profile", o->profile, "Time by op class (LibTorch's RecordFunction hooks)")

@@ -1,6 +1,7 @@
-// The deploy/ examples, exercised: the MPI script under MPICH's Hydra and Open MPI, the Slurm batch script under a
-// stand-in srun that sets what srun sets, and the PyTorchJob manifest's arguments with the variables the
-// training operator sets.
+// The deploy/ examples, exercised for both workloads (the seed's textual inversion and sharded UNet training): the
+// MPI scripts under MPICH's Hydra and Open MPI, the Slurm batch scripts under a stand-in srun that sets what srun
+// sets, and the PyTorchJob manifests' arguments with the variables the training operator sets.
+#include <algorithm>
 #include <fstream>
 #include <regex>
 
@@ -16,13 +17,26 @@ using namespace std::chrono_literals;
 
 fs::path deploy_dir() { return fs::path(SDTRAIN_FIXTURES).parent_path().parent_path() / "deploy"; }
 
-class Deploy : public ::testing::Test {
+// One workload's examples: their file names, the subcommand, and what a finished run leaves in the output folder.
+struct Workload {
+  std::string name;        // the examples' file stem: textual-inversion, unet-training
+  std::string subcommand;  // what the PyTorchJob runs
+  std::string result;      // a file the run writes last
+};
+
+std::string workload_name(const ::testing::TestParamInfo<Workload>& info) {
+  std::string name = info.param.name;
+  name.erase(std::remove(name.begin(), name.end(), '-'), name.end());
+  return name;
+}
+
+class Deploy : public ::testing::TestWithParam<Workload> {
  protected:
   void SetUp() override {
     auto r =
         sd::test::run_process({sd::test::sdtrain_binary(), "init", "--preset", "tiny", "--out", model().string()}, 60s);
     ASSERT_EQ(r.exit_code, 0) << r.output;
-    sd::test::write_pattern_png(data() / "a.png", 40, 40, 1);
+    sd::test::write_captioned_images(data(), 4);
     std::ofstream(hosts()) << "localhost\n";
   }
   fs::path model() const { return dir_.path() / "model"; }
@@ -30,35 +44,45 @@ class Deploy : public ::testing::Test {
   fs::path out() const { return dir_.path() / "out"; }
   fs::path hosts() const { return dir_.path() / "hosts"; }
   // Small enough for CI; these flags come last, so they win over the examples' production values.
-  static std::string small() { return "--resolution=32 --max_train_steps=2 --threads=1 --dist_timeout=60"; }
+  std::vector<std::string> small_for_workload() const {
+    std::vector<std::string> flags = {"--resolution=32", "--max_train_steps=2", "--train_batch_size=1", "--threads=1",
+                                      "--dist_timeout=60"};
+    // UNet training's examples set a global batch; textual inversion's use one image per rank already.
+    if (GetParam().subcommand == "train") flags.push_back("--global_batch_size=2");
+    return flags;
+  }
   std::map<std::string, std::string> env() const {
+    std::string extra;
+    for (const auto& f : small_for_workload()) extra += f + " ";
     return {{"MODEL", model().string()},
             {"DATA", data().string()},
             {"OUT", out().string()},
             {"HOSTS", hosts().string()},
             {"SDTRAIN", sd::test::sdtrain_binary()},
-            {"EXTRA_ARGS", small()},
+            {"EXTRA_ARGS", extra},
             {"MASTER_ADDR", "127.0.0.1"},
             {"MASTER_PORT", std::to_string(sd::test::free_port())}};
   }
   void expect_trained(const sd::test::ProcessResult& r) const {
     ASSERT_EQ(r.exit_code, 0) << r.output;
-    EXPECT_TRUE(fs::exists(out() / "learned_embeds.safetensors")) << r.output;
-    EXPECT_TRUE(fs::exists(out() / "model_index.json")) << "--save_as_full_pipeline";
+    EXPECT_TRUE(fs::exists(out() / GetParam().result)) << r.output;
+  }
+  fs::path example(const std::string& folder, const std::string& extension) const {
+    return deploy_dir() / folder / (GetParam().name + extension);
   }
   sd::test::TempDir dir_;
 };
 
-TEST_F(Deploy, MpiScriptUnderHydra) {
+TEST_P(Deploy, MpiScriptUnderHydra) {
   if (!sd::test::have_program("mpirun.mpich")) GTEST_SKIP() << "mpirun.mpich not installed (Debian: mpich)";
   auto e = env();
   e["MPIRUN"] = "mpirun.mpich";
   e["RANKS"] = "2";
   e["PER_NODE"] = "2";
-  expect_trained(sd::test::run_process({(deploy_dir() / "mpi" / "textual-inversion.sh").string(), "hydra"}, 120s, e));
+  expect_trained(sd::test::run_process({example("mpi", ".sh").string(), "hydra"}, 120s, e));
 }
 
-TEST_F(Deploy, MpiScriptUnderOpenMpi) {
+TEST_P(Deploy, MpiScriptUnderOpenMpi) {
   if (!sd::test::have_program("mpirun.openmpi")) GTEST_SKIP() << "mpirun.openmpi not installed (Debian: openmpi-bin)";
   auto e = env();
   e["MPIRUN"] = "mpirun.openmpi";
@@ -67,10 +91,10 @@ TEST_F(Deploy, MpiScriptUnderOpenMpi) {
   e["OMPI_ALLOW_RUN_AS_ROOT"] = "1";
   e["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1";
   e["OMPI_MCA_rmaps_base_oversubscribe"] = "1";
-  expect_trained(sd::test::run_process({(deploy_dir() / "mpi" / "textual-inversion.sh").string(), "openmpi"}, 120s, e));
+  expect_trained(sd::test::run_process({example("mpi", ".sh").string(), "openmpi"}, 120s, e));
 }
 
-TEST_F(Deploy, SlurmBatchScript) {
+TEST_P(Deploy, SlurmBatchScript) {
   // A stand-in srun: starts SLURM_NTASKS tasks here with the variables the real one gives each task.
   const fs::path bin = dir_.path() / "bin";
   fs::create_directories(bin);
@@ -92,25 +116,23 @@ exit $rc
   e["PATH"] = bin.string() + ":" + std::getenv("PATH");
   e["SLURM_NTASKS"] = "2";
   e["SLURM_JOB_NODELIST"] = "localhost";
-  expect_trained(
-      sd::test::run_process({"bash", (deploy_dir() / "slurm" / "textual-inversion.sbatch").string()}, 120s, e));
+  expect_trained(sd::test::run_process({"bash", example("slurm", ".sbatch").string()}, 120s, e));
 }
 
-TEST_F(Deploy, PyTorchJobArgumentsWithOperatorVariables) {
+TEST_P(Deploy, PyTorchJobArgumentsWithOperatorVariables) {
   // The manifest's container args, run as the operator runs them: one process per replica, RANK etc. set.
-  std::ifstream manifest(deploy_dir() / "kubernetes" / "pytorchjob-textual-inversion.yaml");
-  std::vector<std::string> args = {sd::test::sdtrain_binary(), "textual-inversion"};
+  std::ifstream manifest(deploy_dir() / "kubernetes" / ("pytorchjob-" + GetParam().name + ".yaml"));
+  std::vector<std::string> args = {sd::test::sdtrain_binary(), GetParam().subcommand};
   std::string line;
   const std::regex arg_line(R"(^\s+- (--\S+)\s*$)");
   std::smatch m;
   while (std::getline(manifest, line))
     if (std::regex_match(line, m, arg_line)) args.push_back(m[1]);
   ASSERT_GT(args.size(), 10u);
-  for (const std::string& extra :
-       {"--pretrained_model_name_or_path=" + model().string(), "--train_data_dir=" + data().string(),
-        "--output_dir=" + out().string(), std::string("--resolution=32"), std::string("--max_train_steps=2"),
-        std::string("--threads=1"), std::string("--dist_timeout=60")})
+  for (const std::string& extra : {"--pretrained_model_name_or_path=" + model().string(),
+                                   "--train_data_dir=" + data().string(), "--output_dir=" + out().string()})
     args.push_back(extra);
+  for (const auto& f : small_for_workload()) args.push_back(f);
   const std::string port = std::to_string(sd::test::free_port());
   std::vector<std::unique_ptr<sd::test::Process>> pods;
   for (int rank = 0; rank < 2; ++rank)
@@ -121,8 +143,13 @@ TEST_F(Deploy, PyTorchJobArgumentsWithOperatorVariables) {
   std::vector<sd::test::Process*> all = {pods[0].get(), pods[1].get()};
   ASSERT_TRUE(sd::test::wait_all(all, 120s));
   for (auto& pod : pods) EXPECT_EQ(pod->exit_code(), 0) << pod->output();
-  EXPECT_TRUE(fs::exists(out() / "learned_embeds.safetensors"));
+  EXPECT_TRUE(fs::exists(out() / GetParam().result));
 }
+
+INSTANTIATE_TEST_SUITE_P(Workloads, Deploy,
+                         ::testing::Values(Workload{"textual-inversion", "textual-inversion", "model_index.json"},
+                                           Workload{"unet-training", "train", "unet/config.json"}),
+                         workload_name);
 
 }  // namespace
 }  // namespace sd

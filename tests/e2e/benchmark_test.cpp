@@ -13,7 +13,8 @@ namespace {
 using namespace std::chrono_literals;
 
 std::vector<std::string> benchmark(const std::vector<std::string>& args) {
-  std::vector<std::string> command = {sd::test::sdtrain_binary(), "benchmark",
+  std::vector<std::string> command = {sd::test::sdtrain_binary(),
+                                      "benchmark",
                                       "--model=" + (sd::test::fixtures() / "tiny-sd1").string(),
                                       "--resolution=64",
                                       "--steps=2",
@@ -33,10 +34,8 @@ std::vector<nlohmann::json> json_lines(const std::string& output) {
 }
 
 int64_t tiny_forward_flops(int64_t batch) {
-  return models::count_forward_flops(models::UNetConfig::load((sd::test::fixtures() / "tiny-sd1" / "unet" /
-                                                               "config.json")
-                                                                  .string()),
-                                     batch, 8, 8);
+  return models::count_forward_flops(
+      models::UNetConfig::load((sd::test::fixtures() / "tiny-sd1" / "unet" / "config.json").string()), batch, 8, 8);
 }
 
 TEST(BenchmarkE2E, UNetTrainingReportsStepsFlopsMfuMemoryAndOpClasses) {
@@ -76,8 +75,8 @@ TEST(BenchmarkE2E, TextualInversionAndGeneration) {
   ASSERT_EQ(ti.exit_code, 0) << ti.output;
   ASSERT_EQ(json_lines(ti.output).size(), 1u) << ti.output;
   EXPECT_EQ(json_lines(ti.output)[0]["flops_per_step"].get<int64_t>(), 2 * tiny_forward_flops(1));
-  auto gen = sd::test::run_process(benchmark({"--task=generate", "--num_inference_steps=3", "--mixed_precision=no"}),
-                                   300s);
+  auto gen =
+      sd::test::run_process(benchmark({"--task=generate", "--num_inference_steps=3", "--mixed_precision=no"}), 300s);
   ASSERT_EQ(gen.exit_code, 0) << gen.output;
   const auto lines = json_lines(gen.output);
   ASSERT_EQ(lines.size(), 1u) << gen.output;
