@@ -1,6 +1,7 @@
-// AdamW with decoupled weight decay, the same arithmetic as torch.optim.AdamW's single-tensor path (PyTorch 1.13),
-// over explicit (parameter, gradient) pairs so it can update flat buffers or a rank's shard of them. Its moments
-// are plain tensors, so checkpoints store and restore them exactly.
+// AdamW with decoupled weight decay, the arithmetic of torch.optim.AdamW's single-tensor path (PyTorch 1.13) fused
+// into one pass per tensor, over explicit (parameter, gradient) pairs of contiguous float32 tensors so it can update
+// flat buffers or a rank's shard of them. Its moments are plain tensors, so checkpoints store and restore them
+// exactly.
 #pragma once
 #include <ATen/ATen.h>
 
@@ -21,9 +22,11 @@ class AdamW {
  public:
   explicit AdamW(AdamWOptions options);
 
-  // One update of every params[i] by grads[i] (same shapes) at learning rate `lr`. The moments are created (zeros,
-  // shaped like the parameters) on the first step.
-  void step(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads, double lr);
+  // One update of every params[i] by grad_scale * grads[i] (same shapes) at learning rate `lr`. The moments are
+  // created (zeros, shaped like the parameters) on the first step. The scale lets a caller fold averaging and
+  // clipping into this one pass instead of rewriting the gradients first.
+  void step(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads, double lr,
+            double grad_scale = 1.0);
 
   // Optimizer steps taken (torch's per-parameter `step`; here every parameter is updated at every step).
   int64_t steps() const { return steps_; }

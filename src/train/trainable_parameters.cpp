@@ -115,30 +115,28 @@ double TrainableParameters::reduce_gradients(int64_t micro_batches, std::optiona
     SD_PERF_SCOPE("sdtrain::communication");
     grads_ = reducer_->finish();
   }
-  const double scale = 1.0 / static_cast<double>(micro_batches * comm_->world_size());
   // One norm per parameter (piece), as torch's clip_grad_norm_ takes them: a float32 norm over a whole bucket of
   // millions of elements would lose digits.
   double sum_of_squares = 0;
-  for (size_t b = 0; b < grads_.size(); ++b) {
-    at::Tensor& g = grads_[b];
-    if (scale != 1.0) g.mul_(scale);
+  for (size_t b = 0; b < grads_.size(); ++b)
     for (const dist::OwnedPiece& piece : layout_->owned_pieces(b, rank_)) {
-      const double norm = at::norm(g.narrow(0, piece.offset, piece.end - piece.begin), 2).item<double>();
+      const double norm = at::norm(grads_[b].narrow(0, piece.offset, piece.end - piece.begin), 2).item<double>();
       sum_of_squares += norm * norm;
     }
-  }
   if (layout_->sharded() && comm_->world_size() > 1) {
     SD_PERF_SCOPE("sdtrain::communication");
     std::vector<at::Tensor> total{at::tensor(sum_of_squares, at::kDouble)};
     comm_->allreduce_sum(total);
     sum_of_squares = total[0].item<double>();
   }
-  const auto total_norm = static_cast<float>(std::sqrt(sum_of_squares));
+  // The mean over the global batch and the clipping are one factor, applied inside the optimizer's pass.
+  const auto mean = static_cast<float>(1.0 / static_cast<double>(micro_batches * comm_->world_size()));
+  const float total_norm = static_cast<float>(std::sqrt(sum_of_squares)) * mean;
+  grad_multiplier_ = mean;
   if (max_norm) {
     // torch's clip_grad_norm_ in float32: max_norm * reciprocal(total_norm + 1e-6), clamped to 1.
     const float coefficient = (1.0f / (total_norm + 1e-6f)) * static_cast<float>(*max_norm);
-    if (coefficient < 1.0f)
-      for (auto& g : grads_) g.mul_(coefficient);
+    if (coefficient < 1.0f) grad_multiplier_ *= coefficient;
   }
   return total_norm;
 }
@@ -147,7 +145,7 @@ void TrainableParameters::step(double lr) {
   SD_CHECK(grads_.size() == master_.size(), "optimizer step without reduced gradients");
   {
     SD_PERF_SCOPE("sdtrain::optimizer");
-    adam_.step(master_, grads_, lr);
+    adam_.step(master_, grads_, lr, grad_multiplier_);
     if (ema_) ema_->update(master_);
   }
   refresh_compute_weights(StateKind::kMaster);
@@ -158,7 +156,8 @@ at::Tensor TrainableParameters::gradient(size_t i) const {
   SD_CHECK(!grads_.empty(), "no reduced gradients (call reduce_gradients first)");
   SD_CHECK(!layout_->sharded() || comm_->world_size() == 1, "a sharded rank holds only its part of each gradient");
   const dist::BucketSlot& slot = layout_->slot_of(i);
-  return grads_[layout_->bucket_of(i)].narrow(0, slot.offset, slot.numel).view(params_[i].tensor.sizes());
+  return grads_[layout_->bucket_of(i)].narrow(0, slot.offset, slot.numel).view(params_[i].tensor.sizes()) *
+         grad_multiplier_;
 }
 
 std::vector<at::Tensor>& TrainableParameters::state_of(StateKind kind) {

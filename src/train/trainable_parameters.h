@@ -107,7 +107,8 @@ class TrainableParameters {
   std::unique_ptr<dist::BucketLayout> layout_;
   std::vector<at::Tensor> compute_;  // per bucket, padded, compute dtype; the parameters are views into it
   std::vector<at::Tensor> master_;   // per bucket, this rank's slice, float32
-  std::vector<at::Tensor> grads_;    // per bucket, this rank's slice, float32 (after reduce_gradients)
+  std::vector<at::Tensor> grads_;    // per bucket, this rank's slice, float32: sums over ranks and micro-batches
+  float grad_multiplier_ = 1;        // what turns grads_ into the gradient AdamW uses (mean, then clipping)
   AdamW adam_;
   std::optional<Ema> ema_;
   std::unique_ptr<dist::GradientReducer> reducer_;

@@ -8,7 +8,9 @@
 namespace sd::train {
 namespace {
 
-TEST(AdamW, BitIdenticalToLibTorchsAdamW) {
+// The fused pass rounds like LibTorch's op-by-op AdamW except where LibTorch's vector kernels fuse a multiply-add
+// (one rounding instead of two): within a few float32 ulps after several steps.
+TEST(AdamW, MatchesLibTorchsAdamWToTheLastBits) {
   at::manual_seed(0);
   at::Tensor a = at::randn({3, 5});
   at::Tensor b = a.clone().requires_grad_(true);
@@ -19,7 +21,7 @@ TEST(AdamW, BitIdenticalToLibTorchsAdamW) {
     b.mutable_grad() = g.clone();
     ours.step({a}, {g}, 1e-2);
     theirs.step();
-    ASSERT_TRUE(at::equal(a, b)) << i;
+    ASSERT_TRUE(sd::test::close_rel_max(a, b.detach(), 1e-6)) << i;
   }
   EXPECT_EQ(ours.steps(), 5);
 }
