@@ -3,9 +3,10 @@
 #include <unicode/uchar.h>
 
 #include <algorithm>
-#include <array>
 #include <cstring>
 
+#include "text/code_pages.h"
+#include "text/mojibake.h"
 #include "text/unicode.h"
 
 namespace sd::text {
@@ -29,13 +30,6 @@ const Entity* find_entity(const std::string& name) {
   return nullptr;
 }
 
-// Windows-1252 for bytes 0x80..0x9F; the five unassigned bytes map to themselves (ftfy's "sloppy" codec and
-// Python's html.unescape agree on that).
-constexpr std::array<char32_t, 32> kCp1252High = {0x20AC, 0x0081, 0x201A, 0x0192, 0x201E, 0x2026, 0x2020, 0x2021,
-                                                  0x02C6, 0x2030, 0x0160, 0x2039, 0x0152, 0x008D, 0x017D, 0x008F,
-                                                  0x0090, 0x2018, 0x2019, 0x201C, 0x201D, 0x2022, 0x2013, 0x2014,
-                                                  0x02DC, 0x2122, 0x0161, 0x203A, 0x0153, 0x009D, 0x017E, 0x0178};
-
 bool is_ascii_alnum(char32_t c) {
   return (c >= U'0' && c <= U'9') || (c >= U'a' && c <= U'z') || (c >= U'A' && c <= U'Z');
 }
@@ -51,7 +45,8 @@ int hex_value(char32_t c) {
 std::u32string charref(uint64_t num) {
   if (num == 0x00) return U"\uFFFD";
   if (num == 0x0D) return U"\r";
-  if (num >= 0x80 && num <= 0x9F) return std::u32string(1, kCp1252High[num - 0x80]);
+  // Windows-1252 for 0x80..0x9F, the five numbers it leaves unassigned staying C1 controls (html.unescape).
+  if (num >= 0x80 && num <= 0x9F) return std::u32string(1, sloppy_windows_1252().decode(static_cast<uint8_t>(num)));
   if ((num >= 0xD800 && num <= 0xDFFF) || num > 0x10FFFF) return U"\uFFFD";
   const bool invalid = (num >= 0x1 && num <= 0x8) || (num >= 0xE && num <= 0x1F) || (num >= 0x7F && num <= 0x9F) ||
                        (num >= 0xFDD0 && num <= 0xFDEF) || num == 0xB || (num & 0xFFFE) == 0xFFFE;
@@ -82,13 +77,6 @@ std::u32string unescape_one(std::u32string_view match, bool numeric, std::u32str
   }
   if (i != body.size()) return std::u32string(match);
   return charref(num);
-}
-
-std::u32string fix_c1_controls(std::u32string_view text) {
-  std::u32string out(text);
-  for (auto& c : out)
-    if (c >= 0x80 && c <= 0x9F) c = kCp1252High[c - 0x80];
-  return out;
 }
 
 std::u32string fix_latin_ligatures(std::u32string_view text) {
@@ -203,11 +191,12 @@ std::u32string remove_control_chars(std::u32string_view text) {
   return out;
 }
 
-// ftfy's fix_and_explain loop for one line, without fix_encoding.
+// ftfy's fix_and_explain loop for one line. (fix_surrogates is left out: text decoded from UTF-8 has none.)
 std::u32string fix_segment(std::u32string text, bool unescape) {
   while (true) {
     const std::u32string original = text;
     if (unescape) text = unescape_html(text);
+    text = fix_encoding(text);
     text = fix_c1_controls(text);
     text = fix_latin_ligatures(text);
     text = fix_character_width(text);
