@@ -34,7 +34,7 @@ struct MojibakeCategories {
   CharClass box{U"│┌┐┘├┤┬┼═-╬▀▄█▌▐░▒▓"};
 };
 
-// ftfy's BADNESS_RE, one run per alternative (its "\s?" spelled out as two runs, its "^" as kStartRuns).
+// ftfy's BADNESS_RE, one run per alternative: its "\s?" spelled out as two runs, its "^" alternative in at_start.
 struct BadnessPatterns {
   std::vector<CharRun> anywhere;
   std::vector<CharRun> at_start;

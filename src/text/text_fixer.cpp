@@ -13,6 +13,9 @@ namespace sd::text {
 
 namespace {
 
+// ftfy's max_decode_length: the longest piece of text fixed at once, bounding the work on text without newlines.
+constexpr size_t kMaxSegmentLength = 1'000'000;
+
 struct Entity {
   const char* name;         // "&amp;"
   const char* replacement;  // UTF-8
@@ -236,15 +239,16 @@ std::u32string unescape_html(std::u32string_view text) {
 }
 
 std::u32string fix_text(std::u32string_view text) {
-  // As ftfy.fix_text: line by line (each segment keeps its '\n'); once a line contains '<' the text is taken
-  // for HTML and entities are left alone from there on.
+  // As ftfy.fix_text: line by line (each segment keeps its '\n'), a line longer than kMaxSegmentLength in
+  // pieces of that length; once a segment contains '<' the text is taken for HTML and entities are left alone
+  // from there on.
   std::u32string out;
   out.reserve(text.size());
   bool unescape = true;
   size_t pos = 0;
   while (pos < text.size()) {
     size_t end = text.find(U'\n', pos);
-    end = end == std::u32string_view::npos ? text.size() : end + 1;
+    end = std::min(end == std::u32string_view::npos ? text.size() : end + 1, pos + kMaxSegmentLength);
     std::u32string segment(text.substr(pos, end - pos));
     if (unescape && segment.find(U'<') != std::u32string::npos) unescape = false;
     out += fix_segment(std::move(segment), unescape);
