@@ -231,10 +231,11 @@ std::optional<TarMember> TarReader::next() {
       return std::nullopt;
     }
     const MemberKind kind = kind_of(header->type);
-    if (kind != MemberKind::kOther && header->size > max_member_bytes_)
+    const bool too_large = kind != MemberKind::kOther && header->size > max_member_bytes_;
+    if (too_large)
       warnings_.push_back(fmt::format("{}: member '{}' is {} bytes, more than the {} allowed; skipped", path_.string(),
                                       header->name, header->size, max_member_bytes_));
-    if (kind == MemberKind::kOther || header->size > max_member_bytes_) {
+    if (kind == MemberKind::kOther || too_large) {
       skip_data(header->size);
       overrides = {};
       continue;
