@@ -2,9 +2,13 @@
 
 #include <stb_image.h>
 #include <stb_image_write.h>
+#include <webp/decode.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
+#include <fstream>
+#include <iterator>
 
 #include "core/error.h"
 #include "io/atomic_file.h"
@@ -13,15 +17,57 @@ namespace sd::io {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+bool is_webp(std::string_view bytes) {
+  return bytes.size() >= 12 && bytes.substr(0, 4) == "RIFF" && bytes.substr(8, 4) == "WEBP";
+}
+
+void check_pixel_count(int width, int height, const std::string& name) {
+  SD_CHECK(static_cast<uint64_t>(width) * static_cast<uint64_t>(height) <= kMaxImagePixels,
+           "{}: image of {}x{} pixels; expected at most {} pixels (PIL's decompression-bomb limit)", name, width,
+           height, kMaxImagePixels);
+}
+
+RgbImage decode_webp(std::string_view bytes, const std::string& name) {
+  const auto* data = reinterpret_cast<const uint8_t*>(bytes.data());
+  int width = 0, height = 0;
+  SD_CHECK(WebPGetInfo(data, bytes.size(), &width, &height) != 0, "{}: cannot decode image (corrupt WebP data)", name);
+  check_pixel_count(width, height, name);
+  RgbImage image{width, height, std::vector<uint8_t>(static_cast<size_t>(width) * height * 3)};
+  SD_CHECK(WebPDecodeRGBInto(data, bytes.size(), image.pixels.data(), image.pixels.size(), width * 3) != nullptr,
+           "{}: cannot decode image (corrupt WebP data)", name);
+  return image;
+}
+
+RgbImage decode_with_stb(std::string_view bytes, const std::string& name) {
+  SD_CHECK(bytes.size() <= static_cast<size_t>(INT_MAX), "{}: image data of {} bytes is too large", name, bytes.size());
+  const auto* data = reinterpret_cast<const stbi_uc*>(bytes.data());
+  const int length = static_cast<int>(bytes.size());
+  int width = 0, height = 0, channels = 0;
+  // The header alone first, so an absurd size is refused before any memory is spent on it.
+  if (stbi_info_from_memory(data, length, &width, &height, &channels) != 0) check_pixel_count(width, height, name);
+  uint8_t* pixels = stbi_load_from_memory(data, length, &width, &height, &channels, 3);
+  SD_CHECK(pixels != nullptr, "{}: cannot decode image ({}); expected a valid JPEG, PNG, BMP or WebP file", name,
+           stbi_failure_reason() ? stbi_failure_reason() : "unknown reason");
+  RgbImage image{width, height, std::vector<uint8_t>(pixels, pixels + static_cast<size_t>(width) * height * 3)};
+  stbi_image_free(pixels);
+  return image;
+}
+
+}  // namespace
+
+RgbImage decode_image_rgb(std::string_view bytes, const std::string& name) {
+  return is_webp(bytes) ? decode_webp(bytes, name) : decode_with_stb(bytes, name);
+}
+
 RgbImage load_image_rgb(const fs::path& path) {
   SD_CHECK(fs::exists(path), "{}: image file not found", path.string());
-  int width = 0, height = 0, channels = 0;
-  uint8_t* data = stbi_load(path.c_str(), &width, &height, &channels, 3);
-  SD_CHECK(data != nullptr, "{}: cannot decode image ({}); expected a valid JPEG, PNG or BMP file", path.string(),
-           stbi_failure_reason() ? stbi_failure_reason() : "unknown reason");
-  RgbImage image{width, height, std::vector<uint8_t>(data, data + static_cast<size_t>(width) * height * 3)};
-  stbi_image_free(data);
-  return image;
+  std::ifstream file(path, std::ios::binary);
+  SD_CHECK(file.is_open(), "{}: cannot open the image file", path.string());
+  const std::string bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  SD_CHECK(!file.bad(), "{}: cannot read the image file", path.string());
+  return decode_image_rgb(bytes, path.string());
 }
 
 RgbImage center_crop_square(const RgbImage& image) {

@@ -1,8 +1,10 @@
-// Images as the training data and the generated outputs need them: decode (JPEG, PNG, BMP) to 8-bit RGB, PIL's
-// center crop and antialiased bicubic and bilinear resize bit for bit, and PNG writing.
+// Images as the training data and the generated outputs need them: decode (JPEG, PNG, BMP, WebP) to 8-bit RGB,
+// PIL's center crop and antialiased bicubic and bilinear resize bit for bit, and PNG writing.
 #pragma once
 #include <cstdint>
 #include <filesystem>
+#include <string>
+#include <string_view>
 #include <vector>
 
 namespace sd::io {
@@ -16,8 +18,15 @@ struct RgbImage {
   const uint8_t* row(int y) const { return pixels.data() + static_cast<size_t>(y) * width * 3; }
 };
 
-// Decodes an image file to RGB; an alpha channel is dropped without compositing (as PIL's convert("RGB")).
-// A missing, unreadable or corrupt file throws sd::Error naming it.
+// PIL's decompression-bomb limit (twice Image.MAX_IMAGE_PIXELS, where it stops warning and refuses).
+constexpr uint64_t kMaxImagePixels = 2 * uint64_t{89'478'485};
+
+// Decodes an image held in memory (a JPEG, PNG, BMP or WebP file's bytes, e.g. a tar member) to RGB; an alpha
+// channel is dropped without compositing (as PIL's convert("RGB")). Corrupt data, or an image of more pixels than
+// PIL would open (kMaxImagePixels), throws sd::Error naming `name`.
+RgbImage decode_image_rgb(std::string_view bytes, const std::string& name);
+
+// decode_image_rgb of a file's contents; a missing or unreadable file throws sd::Error naming it.
 RgbImage load_image_rgb(const std::filesystem::path& path);
 
 // The central square of side min(width, height), taken as textual_inversion.py does:

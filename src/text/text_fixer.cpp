@@ -3,14 +3,18 @@
 #include <unicode/uchar.h>
 
 #include <algorithm>
-#include <array>
 #include <cstring>
 
+#include "text/code_pages.h"
+#include "text/mojibake.h"
 #include "text/unicode.h"
 
 namespace sd::text {
 
 namespace {
+
+// ftfy's max_decode_length: the longest piece of text fixed at once, bounding the work on text without newlines.
+constexpr size_t kMaxSegmentLength = 1'000'000;
 
 struct Entity {
   const char* name;         // "&amp;"
@@ -29,13 +33,6 @@ const Entity* find_entity(const std::string& name) {
   return nullptr;
 }
 
-// Windows-1252 for bytes 0x80..0x9F; the five unassigned bytes map to themselves (ftfy's "sloppy" codec and
-// Python's html.unescape agree on that).
-constexpr std::array<char32_t, 32> kCp1252High = {0x20AC, 0x0081, 0x201A, 0x0192, 0x201E, 0x2026, 0x2020, 0x2021,
-                                                  0x02C6, 0x2030, 0x0160, 0x2039, 0x0152, 0x008D, 0x017D, 0x008F,
-                                                  0x0090, 0x2018, 0x2019, 0x201C, 0x201D, 0x2022, 0x2013, 0x2014,
-                                                  0x02DC, 0x2122, 0x0161, 0x203A, 0x0153, 0x009D, 0x017E, 0x0178};
-
 bool is_ascii_alnum(char32_t c) {
   return (c >= U'0' && c <= U'9') || (c >= U'a' && c <= U'z') || (c >= U'A' && c <= U'Z');
 }
@@ -51,7 +48,8 @@ int hex_value(char32_t c) {
 std::u32string charref(uint64_t num) {
   if (num == 0x00) return U"\uFFFD";
   if (num == 0x0D) return U"\r";
-  if (num >= 0x80 && num <= 0x9F) return std::u32string(1, kCp1252High[num - 0x80]);
+  // Windows-1252 for 0x80..0x9F, the five numbers it leaves unassigned staying C1 controls (html.unescape).
+  if (num >= 0x80 && num <= 0x9F) return std::u32string(1, sloppy_windows_1252().decode(static_cast<uint8_t>(num)));
   if ((num >= 0xD800 && num <= 0xDFFF) || num > 0x10FFFF) return U"\uFFFD";
   const bool invalid = (num >= 0x1 && num <= 0x8) || (num >= 0xE && num <= 0x1F) || (num >= 0x7F && num <= 0x9F) ||
                        (num >= 0xFDD0 && num <= 0xFDEF) || num == 0xB || (num & 0xFFFE) == 0xFFFE;
@@ -82,13 +80,6 @@ std::u32string unescape_one(std::u32string_view match, bool numeric, std::u32str
   }
   if (i != body.size()) return std::u32string(match);
   return charref(num);
-}
-
-std::u32string fix_c1_controls(std::u32string_view text) {
-  std::u32string out(text);
-  for (auto& c : out)
-    if (c >= 0x80 && c <= 0x9F) c = kCp1252High[c - 0x80];
-  return out;
 }
 
 std::u32string fix_latin_ligatures(std::u32string_view text) {
@@ -203,11 +194,12 @@ std::u32string remove_control_chars(std::u32string_view text) {
   return out;
 }
 
-// ftfy's fix_and_explain loop for one line, without fix_encoding.
+// ftfy's fix_and_explain loop for one line. (fix_surrogates is left out: text decoded from UTF-8 has none.)
 std::u32string fix_segment(std::u32string text, bool unescape) {
   while (true) {
     const std::u32string original = text;
     if (unescape) text = unescape_html(text);
+    text = fix_encoding(text);
     text = fix_c1_controls(text);
     text = fix_latin_ligatures(text);
     text = fix_character_width(text);
@@ -247,15 +239,16 @@ std::u32string unescape_html(std::u32string_view text) {
 }
 
 std::u32string fix_text(std::u32string_view text) {
-  // As ftfy.fix_text: line by line (each segment keeps its '\n'); once a line contains '<' the text is taken
-  // for HTML and entities are left alone from there on.
+  // As ftfy.fix_text: line by line (each segment keeps its '\n'), a line longer than kMaxSegmentLength in
+  // pieces of that length; once a segment contains '<' the text is taken for HTML and entities are left alone
+  // from there on.
   std::u32string out;
   out.reserve(text.size());
   bool unescape = true;
   size_t pos = 0;
   while (pos < text.size()) {
     size_t end = text.find(U'\n', pos);
-    end = end == std::u32string_view::npos ? text.size() : end + 1;
+    end = std::min(end == std::u32string_view::npos ? text.size() : end + 1, pos + kMaxSegmentLength);
     std::u32string segment(text.substr(pos, end - pos));
     if (unescape && segment.find(U'<') != std::u32string::npos) unescape = false;
     out += fix_segment(std::move(segment), unescape);

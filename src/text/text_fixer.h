@@ -1,8 +1,6 @@
-// The part of ftfy.fix_text (6.1, default settings) that CLIPTokenizer applies to every prompt: HTML entity
-// decoding, C1 controls, Latin ligatures, full/half width forms, curly quotes, line breaks, terminal escapes,
-// control characters and NFC, repeated until nothing changes. Mojibake repair (ftfy's fix_encoding, a
-// statistical guess over re-encodings) is deliberately left out: text that is valid UTF-8 passes through it
-// unchanged unless it already looks like mis-decoded UTF-8.
+// ftfy.fix_text (6.1.1, default settings), which CLIPTokenizer applies to every prompt: HTML entity decoding,
+// mojibake repair (text/mojibake.h), C1 controls, Latin ligatures, full/half width forms, curly quotes, line
+// breaks, terminal escapes, control characters and NFC, repeated on each line until nothing changes.
 #pragma once
 #include <string>
 #include <string_view>

@@ -1,6 +1,10 @@
 #include "io/image.h"
 
+#include <webp/encode.h>
+
 #include <fstream>
+#include <functional>
+#include <iterator>
 
 #include "core/error.h"
 #include "io/safetensors.h"
@@ -86,6 +90,66 @@ TEST(Image, CorruptFileIsAnErrorNamingIt) {
 }
 
 TEST(Image, MissingFile) { EXPECT_THROW(load_image_rgb("/nonexistent/a.png"), Error); }
+
+std::string file_bytes(const std::filesystem::path& path) {
+  std::ifstream file(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Image, DecodingFromMemoryGivesWhatLoadingTheFileGives) {
+  for (const char* name : kImages) {
+    const auto path = sd::test::golden(std::string("images/") + name);
+    const RgbImage from_memory = decode_image_rgb(file_bytes(path), name);
+    const RgbImage from_file = load_image_rgb(path);
+    EXPECT_EQ(from_memory.width, from_file.width) << name;
+    EXPECT_EQ(from_memory.pixels, from_file.pixels) << name;
+  }
+}
+
+TEST(Image, WebpDecodesAndDropsAlpha) {
+  // Lossless WebP gives back exactly the encoded pixels.
+  const int width = 5, height = 3;
+  std::vector<uint8_t> rgba(width * height * 4);
+  for (size_t k = 0; k < rgba.size(); ++k) rgba[k] = static_cast<uint8_t>(k * 37 % 256);
+  for (size_t k = 3; k < rgba.size(); k += 4) rgba[k] = 255;  // opaque, so the RGB values survive encoding
+  uint8_t* encoded = nullptr;
+  const size_t size = WebPEncodeLosslessRGBA(rgba.data(), width, height, width * 4, &encoded);
+  ASSERT_GT(size, 0u);
+  const RgbImage image = decode_image_rgb(std::string(reinterpret_cast<char*>(encoded), size), "x.webp");
+  WebPFree(encoded);
+  ASSERT_EQ(image.width, width);
+  ASSERT_EQ(image.height, height);
+  for (int p = 0; p < width * height; ++p)
+    for (int c = 0; c < 3; ++c) EXPECT_EQ(image.pixels[p * 3 + c], rgba[p * 4 + c]) << p;
+}
+
+TEST(Image, CorruptDataIsAnErrorNamingTheMember) {
+  EXPECT_EQ(error_of([] {
+              decode_image_rgb("not an image", "00000.tar:000001.jpg");
+            }).rfind("00000.tar:000001.jpg: cannot decode image", 0),
+            0u);
+  EXPECT_EQ(error_of([] { decode_image_rgb(std::string("RIFF\x10\0\0\0WEBPVP8 garbage", 23), "a.webp"); }),
+            "a.webp: cannot decode image (corrupt WebP data)");
+}
+
+TEST(Image, ImageOfMorePixelsThanPilAllowsIsRefusedBeforeDecoding) {
+  // A PNG signature and header chunk claiming 15000x15000 RGB pixels (stb does not check the CRC).
+  std::string png = "\x89PNG\r\n\x1a\n";
+  png += std::string("\0\0\0\x0d", 4) + "IHDR";
+  png += std::string("\0\0\x3a\x98\0\0\x3a\x98\x08\x02\0\0\0", 13) + std::string(4, '\0');
+  EXPECT_EQ(error_of([&] { decode_image_rgb(png, "bomb.png"); }),
+            "bomb.png: image of 15000x15000 pixels; expected at most 178956970 pixels (PIL's decompression-bomb "
+            "limit)");
+}
 
 }  // namespace
 }  // namespace sd::io
