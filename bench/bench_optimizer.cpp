@@ -30,14 +30,13 @@ int main(int argc, char** argv) {
   const auto ema_time = sd::bench::time_it([&] { ema.update({fused_p}); }, 1, 5);
 
   auto gbps = [&](double bytes_per_param, double s) { return bytes_per_param * static_cast<double>(n) / s / 1e9; };
-  const nlohmann::json result = {
-      {"parameters", n},
-      {"libtorch_adamw", sd::bench::timing_json(libtorch)},
-      {"fused_adamw", sd::bench::timing_json(ours)},
-      {"fused_ema", sd::bench::timing_json(ema_time)},
-      {"speedup", libtorch.median_s / ours.median_s},
-      {"fused_adamw_gb_per_s", gbps(28, ours.median_s)},
-      {"libtorch_adamw_effective_gb_per_s", gbps(28, libtorch.median_s)},
-      {"fused_ema_gb_per_s", gbps(12, ema_time.median_s)}};
+  const nlohmann::json result = {{"parameters", n},
+                                 {"libtorch_adamw", sd::bench::timing_json(libtorch)},
+                                 {"fused_adamw", sd::bench::timing_json(ours)},
+                                 {"fused_ema", sd::bench::timing_json(ema_time)},
+                                 {"speedup", libtorch.median_s / ours.median_s},
+                                 {"fused_adamw_gb_per_s", gbps(28, ours.median_s)},
+                                 {"libtorch_adamw_effective_gb_per_s", gbps(28, libtorch.median_s)},
+                                 {"fused_ema_gb_per_s", gbps(12, ema_time.median_s)}};
   std::printf("%s\n", result.dump().c_str());
 }
