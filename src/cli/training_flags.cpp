@@ -48,6 +48,11 @@ void add_trainer_flags(CLI::App* cmd, train::TrainerOptions& o) {
   flag(cmd, "--adam_epsilon", o.adam.eps, "AdamW epsilon")->group(optimizer);
   flag(cmd, "--max_grad_norm", o.max_grad_norm, "Clip the global gradient norm to this (unset: no clipping)")
       ->group(optimizer);
+  flag(cmd, "--skip_nonfinite_steps", o.skip_nonfinite_steps,
+       "Steps with a NaN/Inf loss or gradient skip their update, up to this many in a run; one more stops training "
+       "(default 0: the first stops it)")
+      ->check(CLI::NonNegativeNumber)
+      ->group(optimizer);
 
   const std::string ema = "EMA of the weights (diffusers' EMAModel)";
   switch_flag(cmd, "--use_ema", o.use_ema, "Keep an exponential moving average of the trained weights")->group(ema);

@@ -33,6 +33,7 @@ class TextualInversionDataset {
   int64_t size() const { return static_cast<int64_t>(images_.size()) * options_.repeats; }
   int64_t num_images() const { return static_cast<int64_t>(images_.size()); }
   const std::filesystem::path& image_path(int64_t index) const { return paths_[index % paths_.size()]; }
+  const std::vector<std::filesystem::path>& image_paths() const { return paths_; }
   const std::vector<std::string>& templates() const;
 
   // [3, resolution, resolution] float32 in [-1, 1] for dataset index `index`.

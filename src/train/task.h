@@ -37,6 +37,9 @@ class Task {
   // Samples in one epoch (0 when the data has no epochs, e.g. a replayed run): sets the step count from
   // --num_train_epochs.
   virtual int64_t dataset_size() const = 0;
+  // A digest of the data listing (data/listing_fingerprint.h), compared across ranks at start-up; empty when the
+  // task reads nothing it could list.
+  virtual std::string data_fingerprint() const { return ""; }
   // Steps when --max_train_steps is not given and the data has no epochs (e.g. the steps a replay file holds).
   virtual std::optional<int64_t> default_max_steps() const { return std::nullopt; }
   // The mean loss (float32 scalar, attached to the graph) over this rank's samples of micro-batch `micro` of

@@ -72,6 +72,8 @@ class TrainableParameters {
   double reduce_gradients(int64_t micro_batches, std::optional<double> max_norm);
   // AdamW at `lr`, then the EMA, then fresh compute weights on every rank.
   void step(double lr);
+  // Drops the reduced gradients without updating anything (a step whose gradient is not finite).
+  void discard_gradients() { grads_.clear(); }
 
   const std::vector<NamedParameter>& parameters() const { return params_; }
   // Parameter i's gradient as the optimizer will use it, between reduce_gradients() and step() (shaped like the

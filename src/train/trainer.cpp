@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <random>
@@ -17,6 +18,7 @@
 #include "io/atomic_file.h"
 #include "io/json_config.h"
 #include "train/checkpoints.h"
+#include "train/run_agreement.h"
 
 namespace sd::train {
 
@@ -24,7 +26,11 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 json TrainingState::to_json() const {
-  return {{"global_step", step}, {"seed", seed}, {"global_batch", global_batch}, {"samples_seen", samples_seen}};
+  return {{"global_step", step},
+          {"seed", seed},
+          {"global_batch", global_batch},
+          {"samples_seen", samples_seen},
+          {"nonfinite_steps_skipped", nonfinite_steps_skipped}};
 }
 
 TrainingState TrainingState::from_json(const json& j, const std::string& source) {
@@ -34,11 +40,13 @@ TrainingState TrainingState::from_json(const json& j, const std::string& source)
     s.seed = j.at("seed").get<uint64_t>();
     s.global_batch = j.at("global_batch").get<int64_t>();
     s.samples_seen = j.value("samples_seen", s.step * s.global_batch);
+    s.nonfinite_steps_skipped = j.value("nonfinite_steps_skipped", int64_t{0});
   } catch (const json::exception& e) {
     fail("{}: training state is incomplete or malformed ({})", source, e.what());
   }
-  SD_CHECK(s.step >= 0 && s.global_batch >= 1, "{}: training state has step {} and global batch {}", source, s.step,
-           s.global_batch);
+  SD_CHECK(s.step >= 0 && s.global_batch >= 1 && s.samples_seen >= 0 && s.nonfinite_steps_skipped >= 0,
+           "{}: training state has step {}, global batch {}, {} samples seen and {} skipped steps", source, s.step,
+           s.global_batch, s.samples_seen, s.nonfinite_steps_skipped);
   return s;
 }
 
@@ -117,6 +125,7 @@ Trainer::Trainer(const TrainerOptions& options, RunContext& context, Task& task)
   params_ = std::make_unique<TrainableParameters>(task_.trainable_parameters(), trainable, context_.comm);
 
   if (!options_.measure_only) resume_and_open_outputs();
+  check_ranks_agree(*context_.comm, run_settings(), "the run");
   log::info(
       "{} rank(s) x batch {} x accumulation {} = global batch {}; {} steps from step {}, lr {:g}, seed {}, "
       "{} thread(s) per rank, {} trained parameters ({}{})",
@@ -126,6 +135,21 @@ Trainer::Trainer(const TrainerOptions& options, RunContext& context, Task& task)
 }
 
 Trainer::~Trainer() = default;
+
+json Trainer::run_settings() const {
+  json settings = json::object();
+  const json flags = options_.run_info.value("flags", json::object());
+  for (const auto& [flag, value] : flags.items()) settings["--" + flag] = value;
+  // Chosen per machine, not per run.
+  for (const char* per_machine : {"--threads", "--dist_iface", "--dist_timeout", "--local_rank"})
+    settings.erase(per_machine);
+  settings["command"] = options_.run_info.value("command", "");
+  settings["dataset size"] = task_.dataset_size();
+  settings["data listing"] = task_.data_fingerprint();
+  settings["trained numbers"] = params_->numel();
+  settings["resume step"] = state_.step;
+  return settings;
+}
 
 void Trainer::resume_and_open_outputs() {
   if (is_main()) discard_partial_checkpoints(output_dir_);
@@ -152,17 +176,33 @@ StepReport Trainer::train_step() {
     params_->backward(loss, micro == 0, micro + 1 == layout.accumulation);
   }
   StepReport report;
+  report.step = state_.step + 1;
   report.grad_norm = params_->reduce_gradients(layout.accumulation, options_.max_grad_norm);
-  report.lr = base_lr_ * lr_multiplier(schedule_, state_.step, base_lr_);
-  params_->step(report.lr);
-  report.ema_decay = params_->last_ema_decay();
   std::vector<at::Tensor> loss{at::tensor(loss_sum / static_cast<double>(layout.accumulation), at::kDouble)};
   context_.comm->allreduce_mean(loss);
   report.loss = loss[0].item<double>();
+  report.lr = base_lr_ * lr_multiplier(schedule_, state_.step, base_lr_);
+  // Every rank sees the same global loss and norm, so all of them take the same branch.
+  if (std::isfinite(report.loss) && std::isfinite(report.grad_norm)) {
+    params_->step(report.lr);
+  } else {
+    skip_nonfinite_step(report);
+  }
+  report.ema_decay = params_->last_ema_decay();
   state_.step += 1;
   state_.samples_seen += layout.global();
-  report.step = state_.step;
   return report;
+}
+
+void Trainer::skip_nonfinite_step(const StepReport& report) {
+  params_->discard_gradients();
+  state_.nonfinite_steps_skipped += 1;
+  SD_CHECK(state_.nonfinite_steps_skipped <= options_.skip_nonfinite_steps,
+           "step {}: the loss is {} and the gradient norm {}, not finite numbers; training stopped (the last "
+           "checkpoint is kept). Lower --learning_rate, or let --skip_nonfinite_steps N drop such steps",
+           report.step, report.loss, report.grad_norm);
+  log::warn("step {}: the loss is {} and the gradient norm {}; the update is skipped ({} of {} allowed)", report.step,
+            report.loss, report.grad_norm, state_.nonfinite_steps_skipped, options_.skip_nonfinite_steps);
 }
 
 void Trainer::record(const StepReport& r, double seconds) {

@@ -42,6 +42,7 @@ struct TrainerOptions {
   double lr_power = 1.0;
   AdamWOptions adam;
   std::optional<double> max_grad_norm;
+  int64_t skip_nonfinite_steps = 0;
   bool use_ema = false;
   EmaOptions ema;
   std::string sharding = "no_shard";
@@ -72,6 +73,7 @@ struct TrainingState {
   uint64_t seed = 0;
   int64_t global_batch = 0;
   int64_t samples_seen = 0;
+  int64_t nonfinite_steps_skipped = 0;  // steps whose update --skip_nonfinite_steps dropped
   nlohmann::json to_json() const;
   static TrainingState from_json(const nlohmann::json& j, const std::string& source);
 };
@@ -101,7 +103,12 @@ class Trainer {
  private:
   // Leftovers of an interrupted run removed, the checkpoint to resume from loaded, metrics and run.json opened.
   void resume_and_open_outputs();
+  // What must be equal on every rank: the command's flags (less the per-machine ones), the data the task found,
+  // the number of trained values and the step resumed from.
+  nlohmann::json run_settings() const;
   StepReport train_step();
+  // A NaN/Inf loss or gradient: drops the update while --skip_nonfinite_steps allows, else stops the run.
+  void skip_nonfinite_step(const StepReport& report);
   void record(const StepReport& report, double seconds);
   void save_checkpoint();
   void resume_from(const std::filesystem::path& checkpoint);

@@ -88,19 +88,23 @@ TEST_F(UNetTrainingDist, ShardedCheckpointResumesOnOneAndOnThreeRanks) {
   }
 }
 
+// Rank r of a 2-rank world on `port`, started as torchrun starts it.
+std::unique_ptr<sd::test::Process> start_rank(int r, int port, const std::vector<std::string>& command) {
+  return std::make_unique<sd::test::Process>(command,
+                                             std::map<std::string, std::string>{{"RANK", std::to_string(r)},
+                                                                                {"WORLD_SIZE", "2"},
+                                                                                {"LOCAL_RANK", std::to_string(r)},
+                                                                                {"LOCAL_WORLD_SIZE", "2"},
+                                                                                {"MASTER_ADDR", "127.0.0.1"},
+                                                                                {"MASTER_PORT", std::to_string(port)}});
+}
+
 TEST_F(UNetTrainingDist, KilledShardedRankIsNamedAndTheLastCheckpointResumes) {
   const fs::path out = dir_.path() / "killed";
   const int port = sd::test::free_port();
   std::vector<std::unique_ptr<sd::test::Process>> ranks;
   for (int r = 0; r < 2; ++r)
-    ranks.push_back(
-        std::make_unique<sd::test::Process>(train(out, 100000, "shard_grad_op", {"--dist_timeout=20"}),
-                                            std::map<std::string, std::string>{{"RANK", std::to_string(r)},
-                                                                               {"WORLD_SIZE", "2"},
-                                                                               {"LOCAL_RANK", std::to_string(r)},
-                                                                               {"LOCAL_WORLD_SIZE", "2"},
-                                                                               {"MASTER_ADDR", "127.0.0.1"},
-                                                                               {"MASTER_PORT", std::to_string(port)}}));
+    ranks.push_back(start_rank(r, port, train(out, 100000, "shard_grad_op", {"--dist_timeout=20"})));
   // Once a checkpoint is whole, kill rank 1 outright, mid-training.
   const auto deadline = std::chrono::steady_clock::now() + 120s;
   while (!fs::exists(out / "checkpoint-2" / "manifest.json") && std::chrono::steady_clock::now() < deadline)
@@ -116,6 +120,25 @@ TEST_F(UNetTrainingDist, KilledShardedRankIsNamedAndTheLastCheckpointResumes) {
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_NE(resumed.output.find("resuming from"), std::string::npos) << resumed.output;
   EXPECT_TRUE(fs::exists(out / "unet" / "diffusion_pytorch_model.safetensors"));
+}
+
+// Ranks started with different settings stop at start-up, every rank naming the setting and both values, before any
+// training collective could abort in Gloo.
+TEST_F(UNetTrainingDist, RanksThatDisagreeOnTheRunStopWithOneLine) {
+  const fs::path out = dir_.path() / "disagree";
+  const int port = sd::test::free_port();
+  auto rank0 = start_rank(0, port, train(out, 2, "no_shard"));
+  auto rank1 = start_rank(1, port, train(out, 2, "no_shard", {"--adam_weight_decay=0.02"}));
+  ASSERT_TRUE(sd::test::wait_all({rank0.get(), rank1.get()}, 120s)) << "ranks must not hang";
+  for (auto* rank : {rank0.get(), rank1.get()}) {
+    EXPECT_NE(rank->exit_code(), 0) << rank->output();
+    EXPECT_NE(rank->output().find("ranks disagree on the run: --adam_weight_decay is (not set) on rank 0 but "
+                                  "\"0.02\" on rank 1"),
+              std::string::npos)
+        << rank->output();
+    EXPECT_EQ(rank->output().find("terminate called"), std::string::npos) << rank->output();
+  }
+  EXPECT_FALSE(fs::exists(out / "checkpoint-2"));
 }
 
 }  // namespace

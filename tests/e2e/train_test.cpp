@@ -246,6 +246,36 @@ TEST(TrainE2E, SyntheticLatentsFromScratch) {
   EXPECT_NE(r.output.find("UNet initialised from"), std::string::npos) << r.output;
 }
 
+// A diverging run (a learning rate that throws the weights to ~1e38 in one step, so the next forward overflows)
+// stops at the first non-finite step with one line, keeping the last checkpoint; --skip_nonfinite_steps N lets it
+// drop up to N such updates instead.
+TEST(TrainE2E, NonFiniteLossStopsTrainingNamingTheStep) {
+  sd::test::TempDir dir;
+  auto diverging = [&](const fs::path& out, const std::vector<std::string>& extra) {
+    std::vector<std::string> flags = {"--synthetic_data=latents",    "--synthetic_samples=4",   "--resolution=32",
+                                      "--train_batch_size=1",        "--max_train_steps=3",     "--learning_rate=1e38",
+                                      "--lr_warmup_steps=0",         "--checkpointing_steps=1", "--seed=3",
+                                      "--output_dir=" + out.string()};
+    flags.insert(flags.end(), extra.begin(), extra.end());
+    return sd::test::run_process(train_command(flags), 120s);
+  };
+  auto stopped = diverging(dir.path() / "stopped", {});
+  EXPECT_NE(stopped.exit_code, 0) << stopped.output;
+  EXPECT_NE(stopped.output.find("sdtrain: error: step 2: the loss is "), std::string::npos) << stopped.output;
+  EXPECT_NE(stopped.output.find("not finite numbers; training stopped"), std::string::npos) << stopped.output;
+  EXPECT_TRUE(fs::exists(dir.path() / "stopped" / "checkpoint-1" / "manifest.json"));
+  EXPECT_FALSE(fs::exists(dir.path() / "stopped" / "checkpoint-2"));
+  EXPECT_FALSE(fs::exists(dir.path() / "stopped" / "unet"));
+
+  auto skipped = diverging(dir.path() / "skipped", {"--skip_nonfinite_steps=2"});
+  EXPECT_EQ(skipped.exit_code, 0) << skipped.output;
+  EXPECT_NE(skipped.output.find("step 2: the loss is "), std::string::npos) << skipped.output;
+  EXPECT_NE(skipped.output.find("the update is skipped (2 of 2 allowed)"), std::string::npos) << skipped.output;
+  const nlohmann::json state =
+      nlohmann::json::parse(io::read_text_file(dir.path() / "skipped" / "checkpoint-3" / "training_state.json"));
+  EXPECT_EQ(state.at("nonfinite_steps_skipped"), 2);
+}
+
 TEST(TrainE2E, BadInputs) {
   sd::test::TempDir dir;
   const fs::path out = dir.path() / "out";

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "data/listing_fingerprint.h"
 #include "data/random_streams.h"
 #include "data/textual_inversion_dataset.h"
 #include "io/atomic_file.h"
@@ -56,6 +57,7 @@ class TextualInversionTask : public Task {
   std::string name() const override { return "textual-inversion"; }
   std::vector<NamedParameter> trainable_parameters() override { return {{o_.placeholder_token, learned_}}; }
   int64_t dataset_size() const override { return dataset_->size(); }
+  std::string data_fingerprint() const override { return data::listing_fingerprint(dataset_->image_paths()); }
   at::Tensor micro_batch_loss(int64_t step, int64_t micro) override;
 
   nlohmann::json identity() const override {

@@ -1,0 +1,31 @@
+#include "data/listing_fingerprint.h"
+
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <system_error>
+
+namespace sd::data {
+
+namespace {
+
+void mix(uint64_t& hash, const std::string& text) {
+  for (const unsigned char c : text) {
+    hash ^= c;
+    hash *= 0x100000001b3ull;  // FNV-1a's 64-bit prime
+  }
+}
+
+}  // namespace
+
+std::string listing_fingerprint(const std::vector<std::filesystem::path>& files) {
+  uint64_t hash = 0xcbf29ce484222325ull;  // FNV-1a's 64-bit offset basis
+  for (const auto& file : files) {
+    std::error_code error;
+    const uintmax_t size = std::filesystem::file_size(file, error);
+    mix(hash, fmt::format("{}\n{}\n", file.filename().string(), error ? 0 : size));
+  }
+  return fmt::format("{:016x}", hash);
+}
+
+}  // namespace sd::data
