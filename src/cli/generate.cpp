@@ -184,19 +184,19 @@ int run_generate(GenerateOptions o) {
   if (!o.prompt_file.empty()) o.prompts = read_prompt_file(o.prompt_file);
   SD_CHECK(!o.prompts.empty(), "no prompt: give --prompt (repeatable) or --prompt_file");
 
-  pipeline::Txt2ImgOptions txt2img;
-  pipeline::Img2ImgOptions img2img;
+  pipeline::Txt2ImgOptions txt2img_options;
+  pipeline::Img2ImgOptions img2img_options;
   const bool image_to_image = !o.init_image.empty();
   if (image_to_image) {
-    fill_common_options(o, img2img);
-    img2img.init_image = read_init_image(o.init_image);
-    img2img.strength = o.strength.value_or(kDefaultStrength);
-    pipeline::check_img2img_options(img2img, *scheduler);
+    fill_common_options(o, img2img_options);
+    img2img_options.init_image = read_init_image(o.init_image);
+    img2img_options.strength = o.strength.value_or(kDefaultStrength);
+    pipeline::check_img2img_options(img2img_options, *scheduler);
   } else {
-    fill_common_options(o, txt2img);
-    txt2img.guidance_rescale = o.guidance_rescale;
-    if (!o.init_latents.empty()) txt2img.initial_latents = read_init_latents(o.init_latents);
-    pipeline::check_txt2img_options(txt2img, *scheduler);
+    fill_common_options(o, txt2img_options);
+    txt2img_options.guidance_rescale = o.guidance_rescale;
+    if (!o.init_latents.empty()) txt2img_options.initial_latents = read_init_latents(o.init_latents);
+    pipeline::check_txt2img_options(txt2img_options, *scheduler);
   }
   std::vector<pipeline::EmbeddingFile> embeddings;
   for (const auto& path : o.embeddings) embeddings.push_back(pipeline::load_embedding_file(path));
@@ -210,27 +210,28 @@ int run_generate(GenerateOptions o) {
     pipeline::load_textual_inversion(pipe.tokenizer, pipe.text_encoder, embeddings[i], o.embeddings[i]);
 
   // Latents given without a size: the size is theirs.
-  if (txt2img.initial_latents.defined() && txt2img.initial_latents.dim() == 4) {
-    if (!o.height) o.height = txt2img.initial_latents.size(2) * f;
-    if (!o.width) o.width = txt2img.initial_latents.size(3) * f;
+  if (txt2img_options.initial_latents.defined() && txt2img_options.initial_latents.dim() == 4) {
+    if (!o.height) o.height = txt2img_options.initial_latents.size(2) * f;
+    if (!o.width) o.width = txt2img_options.initial_latents.size(3) * f;
   }
-  txt2img.height = o.height.value_or(0);
-  txt2img.width = o.width.value_or(0);
+  txt2img_options.height = o.height.value_or(0);
+  txt2img_options.width = o.width.value_or(0);
   const bool random_seed = !o.seed;
   // 31 bits: a seed short enough to retype, like the ones people pass to torch.manual_seed.
   const uint64_t seed = o.seed ? *o.seed : std::random_device{}() & 0x7fffffffu;
-  txt2img.seed = img2img.seed = seed;
+  txt2img_options.seed = img2img_options.seed = seed;
   if (random_seed) std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
 
   // Table entries the run visits: PNDM runs one step more than asked, Heun two per step, img2img only the tail.
-  const int64_t total = image_to_image
-                            ? pipeline::img2img_timesteps(*scheduler, o.num_inference_steps, img2img.strength).size(0)
-                            : scheduler->timesteps().size(0);
+  const int64_t total =
+      image_to_image ? pipeline::img2img_timesteps(*scheduler, o.num_inference_steps, img2img_options.strength).size(0)
+                     : scheduler->timesteps().size(0);
   ProgressBar bar("generate", total);
   pipeline::GenerationHooks hooks;
   hooks.on_progress = [&bar](int done, int total) { bar.update(done); };
-  const pipeline::GenerationResult result = image_to_image ? pipeline::img2img(pipe, *scheduler, img2img, hooks)
-                                                           : pipeline::txt2img(pipe, *scheduler, txt2img, hooks);
+  const pipeline::GenerationResult result = image_to_image
+                                                ? pipeline::img2img(pipe, *scheduler, img2img_options, hooks)
+                                                : pipeline::txt2img(pipe, *scheduler, txt2img_options, hooks);
   bar.finish();
 
   for (const auto& path : write_outputs(o, result)) std::printf("%s\n", path.string().c_str());

@@ -80,7 +80,7 @@ at::Tensor rescale_noise_cfg(const at::Tensor& noise_cfg, const at::Tensor& nois
 
 // Classifier-free guidance as the pipelines apply it in every step.
 struct Guidance {
-  double scale = 7.5;   // <= 1: no guidance (the UNet sees the conditional batch alone)
+  double scale = 7.5;    // <= 1: no guidance (the UNet sees the conditional batch alone)
   double rescale = 0.0;  // rescale_noise_cfg's weight; 0 leaves the guided prediction as it is
   bool enabled() const { return scale > 1.0; }
 };

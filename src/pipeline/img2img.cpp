@@ -2,6 +2,8 @@
 
 #include <ATen/core/grad_mode.h>
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "pipeline/prompt_encoding.h"
 

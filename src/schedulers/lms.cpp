@@ -1,6 +1,6 @@
 #include "schedulers/lms.h"
 
-#include <array>
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -58,7 +58,7 @@ at::Tensor LMSDiscreteScheduler::step(const at::Tensor& model_output, const at::
   const at::Tensor sigma = sigmas_[step_index_];
   const at::Tensor pred_original = x0_prediction(model_output, sample, sigma);
   derivatives_.push_back((sample - pred_original) / sigma);
-  if (derivatives_.size() > kOrder) derivatives_.pop_front();
+  if (static_cast<int>(derivatives_.size()) > kOrder) derivatives_.pop_front();
 
   // The order follows the step index, not the slopes held: a run started mid-table (img2img) computes
   // higher-order weights but, like diffusers' zip, uses only as many as it has slopes.

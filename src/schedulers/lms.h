@@ -21,7 +21,7 @@ class LMSDiscreteScheduler : public SigmaScheduler {
   double lms_coefficient(int order, int64_t step, int current_order) const;
 
  private:
-  static constexpr int kOrder = 4;  // diffusers' step() default
+  static constexpr int kOrder = 4;      // diffusers' step() default
   std::deque<at::Tensor> derivatives_;  // the last kOrder slopes, oldest first
 };
 

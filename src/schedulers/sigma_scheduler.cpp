@@ -45,7 +45,8 @@ at::Tensor SigmaScheduler::add_noise(const at::Tensor& original, const at::Tenso
 SigmaScheduler::Schedule SigmaScheduler::interpolated_schedule(int n) const {
   const auto& c = config_;
   // Fractional linspace values are kept (as float32), unlike the integer schedulers' tables.
-  std::vector<double> timesteps = spaced_timesteps(spacing("linspace"), c.num_train_timesteps, n, c.steps_offset, false);
+  std::vector<double> timesteps =
+      spaced_timesteps(spacing("linspace"), c.num_train_timesteps, n, c.steps_offset, false);
   for (double& t : timesteps) t = static_cast<float>(t);
   return {timesteps, np::interp(timesteps, training_sigmas(alphas_cumprod_))};
 }

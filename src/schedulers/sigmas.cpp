@@ -16,7 +16,8 @@ std::vector<double> karras_sigmas(double sigma_min, double sigma_max, int64_t n)
   const double min_inv_rho = std::pow(sigma_min, 1 / rho);
   const double max_inv_rho = std::pow(sigma_max, 1 / rho);
   std::vector<double> sigmas;
-  for (double ramp : np::linspace(0, 1, n)) sigmas.push_back(std::pow(max_inv_rho + ramp * (min_inv_rho - max_inv_rho), rho));
+  for (double ramp : np::linspace(0, 1, n))
+    sigmas.push_back(std::pow(max_inv_rho + ramp * (min_inv_rho - max_inv_rho), rho));
   return sigmas;
 }
 

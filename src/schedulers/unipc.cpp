@@ -71,8 +71,8 @@ UniPCMultistepScheduler::Update UniPCMultistepScheduler::prepare_update(int64_t 
   }
   u.R = at::stack(R);
   u.b = at::stack(b);
-  u.first_order = predict_x0 ? sigma_t / sigma_s0 * x - alpha_t * h_phi_1 * m0
-                             : alpha_t / alpha_s0 * x - sigma_t * h_phi_1 * m0;
+  u.first_order =
+      predict_x0 ? sigma_t / sigma_s0 * x - alpha_t * h_phi_1 * m0 : alpha_t / alpha_s0 * x - sigma_t * h_phi_1 * m0;
   u.scale = (predict_x0 ? alpha_t : sigma_t) * B_h;
   return u;
 }
@@ -106,11 +106,10 @@ at::Tensor UniPCMultistepScheduler::step(const at::Tensor& model_output, const a
 
   const at::Tensor converted =
       c.predict_x0 ? data_prediction(model_output, sample_in) : noise_prediction(model_output, sample_in);
-  const bool corrector_disabled = std::find(c.disable_corrector.begin(), c.disable_corrector.end(),
-                                            step_index_ - 1) != c.disable_corrector.end();
+  const bool corrector_disabled =
+      std::find(c.disable_corrector.begin(), c.disable_corrector.end(), step_index_ - 1) != c.disable_corrector.end();
   at::Tensor sample = sample_in;
-  if (step_index_ > 0 && !corrector_disabled && last_sample_.defined())
-    sample = correct(converted, this_order_);
+  if (step_index_ > 0 && !corrector_disabled && last_sample_.defined()) sample = correct(converted, this_order_);
 
   remember(converted);
   // Warm up from order 1; with lower_order_final the last steps drop to the orders their remaining steps allow.

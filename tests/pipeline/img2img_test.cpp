@@ -5,7 +5,9 @@
 // draws.
 #include "pipeline/img2img.h"
 
+#include <algorithm>
 #include <cmath>
+#include <tuple>
 
 #include "core/error.h"
 #include "models/model_test_util.h"
@@ -84,7 +86,7 @@ TEST(Img2ImgPreprocess, RoundsDownToTheVaeFactorAndMapsPixelsToMinusOneOne) {
   ASSERT_EQ(pre.sizes(), at::IntArrayRef({1, 3, 44, 68}));
   EXPECT_EQ(pre.scalar_type(), at::kFloat);
   const io::RgbImage resized = io::resize_lanczos(image, 68, 44);
-  for (const auto& [y, x, ch] : {std::tuple{0, 0, 0}, {43, 67, 2}, {20, 31, 1}}) {
+  for (const auto& [y, x, ch] : std::vector<std::tuple<int, int, int>>{{0, 0, 0}, {43, 67, 2}, {20, 31, 1}}) {
     const float expected = static_cast<float>(resized.row(y)[x * 3 + ch]) / 255.0f * 2.0f - 1.0f;
     EXPECT_EQ(pre[0][ch][y][x].item<float>(), expected);
   }

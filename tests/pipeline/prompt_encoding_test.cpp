@@ -43,8 +43,7 @@ TEST(EncodePrompt, ClipSkipUsesAnEarlierLayerThroughTheFinalLayerNorm) {
   EXPECT_TRUE(matches_golden("no clip_skip", encode_text(pipe, prompts), g.at("last_hidden_state"), kTol));
   EXPECT_TRUE(matches_golden("clip_skip 0", encode_text(pipe, prompts, 0), g.at("last_hidden_state"), kTol));
   for (int skip = 1; skip <= layers; ++skip) {
-    const at::Tensor expected =
-        final_layer_norm_f64(pipe, g.at("hidden_states." + std::to_string(layers - skip)));
+    const at::Tensor expected = final_layer_norm_f64(pipe, g.at("hidden_states." + std::to_string(layers - skip)));
     EXPECT_TRUE(matches_golden("clip_skip " + std::to_string(skip), encode_text(pipe, prompts, skip), expected, kTol));
   }
   EXPECT_NE(error_message([&] { encode_text(pipe, prompts, 6); }).find("clip_skip 6 is out of range"),

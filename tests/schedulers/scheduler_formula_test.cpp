@@ -4,6 +4,7 @@
 // of max|ref|.
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 
@@ -22,8 +23,8 @@ using sd::test::close_rel_max;
 constexpr double kTol = 1e-4;  // README: scheduler outputs
 
 json sd_base() {
-  return {{"num_train_timesteps", 1000}, {"beta_start", 0.00085},       {"beta_end", 0.012},
-          {"beta_schedule", "scaled_linear"}, {"steps_offset", 1}, {"clip_sample", false},
+  return {{"num_train_timesteps", 1000},      {"beta_start", 0.00085}, {"beta_end", 0.012},
+          {"beta_schedule", "scaled_linear"}, {"steps_offset", 1},     {"clip_sample", false},
           {"set_alpha_to_one", false}};
 }
 
@@ -54,7 +55,8 @@ std::vector<double> karras(double sigma_min, double sigma_max, int n) {
   std::vector<double> out;
   for (int i = 0; i < n; ++i) {
     const double ramp = static_cast<double>(i) / (n - 1);
-    const double inv = std::pow(sigma_max, 1 / 7.0) + ramp * (std::pow(sigma_min, 1 / 7.0) - std::pow(sigma_max, 1 / 7.0));
+    const double inv =
+        std::pow(sigma_max, 1 / 7.0) + ramp * (std::pow(sigma_min, 1 / 7.0) - std::pow(sigma_max, 1 / 7.0));
     out.push_back(std::pow(inv, 7));
   }
   return out;
