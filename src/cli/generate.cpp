@@ -24,6 +24,7 @@
 #include "pipeline/stable_diffusion.h"
 #include "pipeline/textual_inversion_embeddings.h"
 #include "pipeline/txt2img.h"
+#include "train/precision.h"
 #include "schedulers/factory.h"
 
 namespace sd::cli {
@@ -202,9 +203,9 @@ int run_generate(GenerateOptions o) {
   for (const auto& path : o.embeddings) embeddings.push_back(pipeline::load_embedding_file(path));
 
   // The pipeline and what is loaded into it.
-  const bool bf16 = o.mixed_precision == "bf16";
+  // The UNet and VAE in the frozen-model dtype of the training policy: bf16, or float32 where bf16 is slow.
   pipeline::ComponentDtypes dtypes;
-  dtypes.unet = dtypes.vae = bf16 ? at::kBFloat16 : at::kFloat;
+  dtypes.unet = dtypes.vae = train::PrecisionPolicy::from_flag(o.mixed_precision).frozen;
   pipeline::StableDiffusion pipe = pipeline::load_pipeline(dir, dtypes);
   for (size_t i = 0; i < embeddings.size(); ++i)
     pipeline::load_textual_inversion(pipe.tokenizer, pipe.text_encoder, embeddings[i], o.embeddings[i]);
@@ -233,6 +234,10 @@ int run_generate(GenerateOptions o) {
                                                 ? pipeline::img2img(pipe, *scheduler, img2img_options, hooks)
                                                 : pipeline::txt2img(pipe, *scheduler, txt2img_options, hooks);
   bar.finish();
+  // NaN pixels would be written as black images with exit 0; a diverged model must be noticed.
+  SD_CHECK(at::isfinite(result.images).all().item<bool>(),
+           "the generated images contain NaN or infinite values (the model's weights or the guidance diverged); "
+           "nothing was written");
 
   for (const auto& path : write_outputs(o, result)) std::printf("%s\n", path.string().c_str());
   return 0;
@@ -274,7 +279,7 @@ void add_generate(CLI::App& app, std::function<int()>& chosen) {
   flag(cmd, "--strength", o->strength,
        fmt::format("img2img: share of the schedule to run, in (0, 1]; 1 keeps little of the image (default {})",
                    kDefaultStrength));
-  flag(cmd, "--mixed_precision", o->mixed_precision, "bf16 runs the UNet and VAE in bfloat16")
+  flag(cmd, "--mixed_precision", o->mixed_precision, "bf16 runs the UNet and VAE in bfloat16 (in float32, with a note, on CPUs without AVX-512)")
       ->check(CLI::IsMember({"no", "bf16"}));
   repeated_flag(cmd, "--embeddings", o->embeddings,
                 "A textual-inversion embedding file (diffusers learned_embeds or A1111 format; repeatable)");

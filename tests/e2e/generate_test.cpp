@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "io/image.h"
@@ -238,6 +239,23 @@ TEST(Generate, InitImageRunsImg2Img) {
 // Every bad input: a non-zero exit and exactly one line saying what is wrong.
 void expect_one_line_error(const std::string& args, const std::string& needle) {
   EXPECT_TRUE(sd::test::is_one_line_error(generate(args), needle)) << args;
+}
+
+// A model whose weights went NaN (a diverged training run) must not give black PNGs and exit 0.
+TEST(Generate, NonFiniteImagesAreAnErrorAndNothingIsWritten) {
+  sd::test::TempDir dir;
+  const fs::path model = dir.path() / "nan-model";
+  fs::copy(sd::test::fixtures() / "tiny-sd1", model, fs::copy_options::recursive);
+  const fs::path unet = model / "unet" / "diffusion_pytorch_model.safetensors";
+  io::TensorMap weights = io::load_safetensors(unet);
+  weights.at("conv_out.bias").fill_(std::numeric_limits<float>::quiet_NaN());
+  io::save_safetensors(unet, weights);
+  const fs::path out = dir.path() / "out";
+  EXPECT_TRUE(sd::test::is_one_line_error(
+      generate("--model " + quote(model.string()) + " --prompt x --num_inference_steps 2 --height 64 --width 64 " +
+               "--seed 1 --output_dir " + quote(out.string())),
+      "the generated images contain NaN or infinite values"));
+  EXPECT_FALSE(fs::exists(out / "grid.png"));
 }
 
 TEST(Generate, BadInputGetsOneClearLine) {
