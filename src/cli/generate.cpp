@@ -1,6 +1,7 @@
-// `sdtrain generate`: text-to-image with a diffusers pipeline folder, as StableDiffusionPipeline(...)(prompt, ...)
-// computes it. Writes one PNG per image plus a grid, optionally the raw float images; on a pipe stdout carries
-// only the paths written (and the seed when it was drawn at random).
+// `sdtrain generate`: text-to-image (StableDiffusionPipeline) or, with --init_image, image-to-image
+// (StableDiffusionImg2ImgPipeline) with a diffusers pipeline folder, as diffusers 0.24 computes them. Writes one
+// PNG per image plus a grid, optionally the raw float images; on a pipe stdout carries only the paths written (and
+// the seed when it was drawn at random).
 #include <ATen/Parallel.h>
 
 #include <cstdio>
@@ -19,9 +20,11 @@
 #include "io/safetensors.h"
 #include "models/vae/vae_config.h"
 #include "pipeline/embedding_file.h"
+#include "pipeline/img2img.h"
 #include "pipeline/stable_diffusion.h"
 #include "pipeline/textual_inversion_embeddings.h"
 #include "pipeline/txt2img.h"
+#include "train/precision.h"
 #include "schedulers/factory.h"
 
 namespace sd::cli {
@@ -34,13 +37,19 @@ struct GenerateOptions {
   std::string model;
   std::vector<std::string> prompts;
   std::string prompt_file;
-  std::string negative_prompt;
+  std::vector<std::string> negative_prompts;
   int num_inference_steps = 50;
   double guidance_scale = 7.5;
+  double guidance_rescale = 0.0;
+  double eta = 0.0;
+  std::optional<int> clip_skip;
   std::optional<int64_t> height, width;
   std::optional<uint64_t> seed;
   int64_t num_images_per_prompt = 1;
   std::optional<std::string> scheduler;
+  bool use_karras_sigmas = false;
+  std::string init_image;
+  std::optional<double> strength;
   std::string mixed_precision = "no";
   std::vector<std::string> embeddings;
   std::string init_latents;
@@ -48,6 +57,8 @@ struct GenerateOptions {
   std::string save_raw;
   std::optional<int> threads;
 };
+
+constexpr double kDefaultStrength = 0.8;  // diffusers' img2img default
 
 std::vector<std::string> read_prompt_file(const fs::path& path) {
   std::istringstream in(io::read_text_file(path));
@@ -74,6 +85,56 @@ at::Tensor read_init_latents(const fs::path& path) {
   return tensors.begin()->second;
 }
 
+// The decoded init image; a missing or unreadable file names the flag.
+io::RgbImage read_init_image(const fs::path& path) {
+  try {
+    return io::load_image_rgb(path);
+  } catch (const Error& e) {
+    fail("--init_image: {}", e.what());
+  }
+}
+
+// The pipeline's scheduler or --scheduler, with --use_karras_sigmas applied.
+std::unique_ptr<schedulers::Scheduler> make_run_scheduler(const fs::path& model_dir, const GenerateOptions& o) {
+  schedulers::SchedulerConfig config =
+      schedulers::SchedulerConfig::load(model_dir / "scheduler" / "scheduler_config.json");
+  if (o.use_karras_sigmas) {
+    config.use_karras_sigmas = true;
+    const std::string cls = o.scheduler ? schedulers::canonical_scheduler_name(*o.scheduler) : config.class_name;
+    SD_CHECK(schedulers::has_karras_sigmas(cls),
+             "--use_karras_sigmas: {} has no Karras sigmas (DPMSolverMultistep, UniPCMultistep, EulerDiscrete, Heun "
+             "and LMS have; choose one with --scheduler)",
+             cls);
+  }
+  return schedulers::make_scheduler(config, o.scheduler);
+}
+
+// Flags that belong to one pipeline only.
+void check_flag_combinations(const GenerateOptions& o) {
+  if (o.init_image.empty()) {
+    SD_CHECK(!o.strength, "--strength needs --init_image (it sets how far img2img moves from that image)");
+    return;
+  }
+  SD_CHECK(!o.height && !o.width,
+           "--height/--width cannot be combined with --init_image: img2img keeps the image's "
+           "size (rounded down to the VAE's scale factor)");
+  SD_CHECK(o.init_latents.empty(), "--init_latents cannot be combined with --init_image");
+  SD_CHECK(o.guidance_rescale == 0,
+           "--guidance_rescale cannot be combined with --init_image (diffusers' "
+           "StableDiffusionImg2ImgPipeline has no guidance_rescale)");
+}
+
+// The arguments both pipelines take.
+void fill_common_options(const GenerateOptions& o, pipeline::GenerationOptions& options) {
+  options.prompts = o.prompts;
+  options.negative_prompts = o.negative_prompts;
+  options.num_inference_steps = o.num_inference_steps;
+  options.guidance_scale = o.guidance_scale;
+  options.num_images_per_prompt = o.num_images_per_prompt;
+  options.eta = o.eta;
+  options.clip_skip = o.clip_skip;
+}
+
 // rows = prompts, columns = images per prompt.
 io::RgbImage make_grid(const at::Tensor& images, int64_t rows, int64_t cols) {  // [rows*cols, H, W, 3] uint8
   const int64_t h = images.size(1), w = images.size(2);
@@ -81,60 +142,8 @@ io::RgbImage make_grid(const at::Tensor& images, int64_t rows, int64_t cols) {  
   return pipeline::to_rgb_image(grid);
 }
 
-int run_generate(GenerateOptions o) {
-  set_compute_threads(o.threads ? *o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
-  const fs::path dir = o.model;
-  pipeline::check_pipeline_layout(dir);
-
-  // Cheap checks first, so a typo fails before the weights load.
-  std::unique_ptr<schedulers::Scheduler> scheduler =
-      schedulers::load_scheduler(dir / "scheduler" / "scheduler_config.json", o.scheduler);
-  SD_CHECK(o.num_inference_steps >= 1, "--num_inference_steps must be >= 1, got {}", o.num_inference_steps);
-  scheduler->set_timesteps(o.num_inference_steps);
-  const models::VaeConfig vae_config = models::VaeConfig::load((dir / "vae" / "config.json").string());
-  const int64_t f = int64_t{1} << (vae_config.block_out_channels.size() - 1);
-  for (const auto& [name, value] : {std::pair{"--height", o.height}, std::pair{"--width", o.width}}) {
-    if (!value) continue;
-    SD_CHECK(*value > 0 && *value % f == 0, "{} {} is not a positive multiple of {}, the VAE's scale factor", name,
-             *value, f);
-  }
-  if (!o.prompt_file.empty()) o.prompts = read_prompt_file(o.prompt_file);
-  SD_CHECK(!o.prompts.empty(), "no prompt: give --prompt (repeatable) or --prompt_file");
-  pipeline::Txt2ImgOptions options;
-  if (!o.init_latents.empty()) options.initial_latents = read_init_latents(o.init_latents);
-  std::vector<pipeline::EmbeddingFile> embeddings;
-  for (const auto& path : o.embeddings) embeddings.push_back(pipeline::load_embedding_file(path));
-
-  const bool bf16 = o.mixed_precision == "bf16";
-  pipeline::ComponentDtypes dtypes;
-  dtypes.unet = dtypes.vae = bf16 ? at::kBFloat16 : at::kFloat;
-  pipeline::StableDiffusion pipe = pipeline::load_pipeline(dir, dtypes);
-  for (size_t i = 0; i < embeddings.size(); ++i)
-    pipeline::load_textual_inversion(pipe.tokenizer, pipe.text_encoder, embeddings[i], o.embeddings[i]);
-
-  options.prompts = o.prompts;
-  options.negative_prompt = o.negative_prompt;
-  options.num_inference_steps = o.num_inference_steps;
-  options.guidance_scale = o.guidance_scale;
-  options.num_images_per_prompt = o.num_images_per_prompt;
-  // Latents given without a size: the size is theirs.
-  if (options.initial_latents.defined() && options.initial_latents.dim() == 4) {
-    if (!o.height) o.height = options.initial_latents.size(2) * f;
-    if (!o.width) o.width = options.initial_latents.size(3) * f;
-  }
-  options.height = o.height.value_or(0);
-  options.width = o.width.value_or(0);
-  const bool random_seed = !o.seed;
-  // 31 bits: a seed short enough to retype, like the ones people pass to torch.manual_seed.
-  options.seed = o.seed ? *o.seed : std::random_device{}() & 0x7fffffffu;
-  if (random_seed) std::printf("seed %llu\n", static_cast<unsigned long long>(options.seed));
-
-  ProgressBar bar("generate", scheduler->timesteps().size(0));  // PNDM runs one step more than asked
-  pipeline::Txt2ImgHooks hooks;
-  hooks.on_progress = [&bar](int done, int total) { bar.update(done); };
-  pipeline::Txt2ImgResult result = pipeline::txt2img(pipe, *scheduler, options, hooks);
-  bar.finish();
-
+// The PNGs, the grid and the raw images the flags ask for; returns the paths written.
+std::vector<fs::path> write_outputs(const GenerateOptions& o, const pipeline::GenerationResult& result) {
   std::vector<fs::path> written;
   if (!o.output_dir.empty()) {
     const fs::path out = o.output_dir;
@@ -153,22 +162,106 @@ int run_generate(GenerateOptions o) {
     io::save_safetensors(o.save_raw, {{"images", result.images}});
     written.push_back(o.save_raw);
   }
-  for (const auto& path : written) std::printf("%s\n", path.string().c_str());
+  return written;
+}
+
+int run_generate(GenerateOptions o) {
+  set_compute_threads(o.threads ? *o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  const fs::path dir = o.model;
+  pipeline::check_pipeline_layout(dir);
+
+  // Cheap checks first, so a typo fails before the weights load.
+  check_flag_combinations(o);
+  std::unique_ptr<schedulers::Scheduler> scheduler = make_run_scheduler(dir, o);
+  SD_CHECK(o.num_inference_steps >= 1, "--num_inference_steps must be >= 1, got {}", o.num_inference_steps);
+  scheduler->set_timesteps(o.num_inference_steps);
+  const models::VaeConfig vae_config = models::VaeConfig::load((dir / "vae" / "config.json").string());
+  const int64_t f = int64_t{1} << (vae_config.block_out_channels.size() - 1);
+  for (const auto& [name, value] : {std::pair{"--height", o.height}, std::pair{"--width", o.width}}) {
+    if (!value) continue;
+    SD_CHECK(*value > 0 && *value % f == 0, "{} {} is not a positive multiple of {}, the VAE's scale factor", name,
+             *value, f);
+  }
+  if (!o.prompt_file.empty()) o.prompts = read_prompt_file(o.prompt_file);
+  SD_CHECK(!o.prompts.empty(), "no prompt: give --prompt (repeatable) or --prompt_file");
+
+  pipeline::Txt2ImgOptions txt2img_options;
+  pipeline::Img2ImgOptions img2img_options;
+  const bool image_to_image = !o.init_image.empty();
+  if (image_to_image) {
+    fill_common_options(o, img2img_options);
+    img2img_options.init_image = read_init_image(o.init_image);
+    img2img_options.strength = o.strength.value_or(kDefaultStrength);
+    pipeline::check_img2img_options(img2img_options, *scheduler);
+  } else {
+    fill_common_options(o, txt2img_options);
+    txt2img_options.guidance_rescale = o.guidance_rescale;
+    if (!o.init_latents.empty()) txt2img_options.initial_latents = read_init_latents(o.init_latents);
+    pipeline::check_txt2img_options(txt2img_options, *scheduler);
+  }
+  std::vector<pipeline::EmbeddingFile> embeddings;
+  for (const auto& path : o.embeddings) embeddings.push_back(pipeline::load_embedding_file(path));
+
+  // The pipeline and what is loaded into it.
+  // The UNet and VAE in the frozen-model dtype of the training policy: bf16, or float32 where bf16 is slow.
+  pipeline::ComponentDtypes dtypes;
+  dtypes.unet = dtypes.vae = train::PrecisionPolicy::from_flag(o.mixed_precision).frozen;
+  pipeline::StableDiffusion pipe = pipeline::load_pipeline(dir, dtypes);
+  for (size_t i = 0; i < embeddings.size(); ++i)
+    pipeline::load_textual_inversion(pipe.tokenizer, pipe.text_encoder, embeddings[i], o.embeddings[i]);
+
+  // Latents given without a size: the size is theirs.
+  if (txt2img_options.initial_latents.defined() && txt2img_options.initial_latents.dim() == 4) {
+    if (!o.height) o.height = txt2img_options.initial_latents.size(2) * f;
+    if (!o.width) o.width = txt2img_options.initial_latents.size(3) * f;
+  }
+  txt2img_options.height = o.height.value_or(0);
+  txt2img_options.width = o.width.value_or(0);
+  const bool random_seed = !o.seed;
+  // 31 bits: a seed short enough to retype, like the ones people pass to torch.manual_seed.
+  const uint64_t seed = o.seed ? *o.seed : std::random_device{}() & 0x7fffffffu;
+  txt2img_options.seed = img2img_options.seed = seed;
+  if (random_seed) std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+
+  // Table entries the run visits: PNDM runs one step more than asked, Heun two per step, img2img only the tail.
+  const int64_t total =
+      image_to_image ? pipeline::img2img_timesteps(*scheduler, o.num_inference_steps, img2img_options.strength).size(0)
+                     : scheduler->timesteps().size(0);
+  ProgressBar bar("generate", total);
+  pipeline::GenerationHooks hooks;
+  hooks.on_progress = [&bar](int done, int total) { bar.update(done); };
+  const pipeline::GenerationResult result = image_to_image
+                                                ? pipeline::img2img(pipe, *scheduler, img2img_options, hooks)
+                                                : pipeline::txt2img(pipe, *scheduler, txt2img_options, hooks);
+  bar.finish();
+  // NaN pixels would be written as black images with exit 0; a diverged model must be noticed.
+  SD_CHECK(at::isfinite(result.images).all().item<bool>(),
+           "the generated images contain NaN or infinite values (the model's weights or the guidance diverged); "
+           "nothing was written");
+
+  for (const auto& path : write_outputs(o, result)) std::printf("%s\n", path.string().c_str());
   return 0;
 }
 
 }  // namespace
 
 void add_generate(CLI::App& app, std::function<int()>& chosen) {
-  auto* cmd = app.add_subcommand("generate", "Generate images from text prompts with a diffusers pipeline folder");
+  auto* cmd = app.add_subcommand(
+      "generate", "Generate images from text prompts (or from an image and prompts) with a diffusers pipeline folder");
   auto o = std::make_shared<GenerateOptions>();
   flag(cmd, "--model", o->model, "Pipeline folder in the diffusers layout")->required();
   auto* prompt = repeated_flag(cmd, "--prompt", o->prompts, "A prompt (repeatable: one batch of images per prompt)");
   flag(cmd, "--prompt_file", o->prompt_file, "A text file with one prompt per line (blank lines skipped)")
       ->excludes(prompt);
-  flag(cmd, "--negative_prompt", o->negative_prompt, "What the images should not show (for every prompt)");
+  repeated_flag(cmd, "--negative_prompt", o->negative_prompts,
+                "What the images should not show: once for every prompt, or once per prompt in their order");
   flag(cmd, "--num_inference_steps", o->num_inference_steps, "Denoising steps");
   flag(cmd, "--guidance_scale", o->guidance_scale, "Classifier-free guidance scale; <= 1 turns guidance off");
+  flag(cmd, "--guidance_rescale", o->guidance_rescale,
+       "Rescale the guided prediction towards the text prediction's std (arXiv 2305.08891 sec. 3.4), 0..1; txt2img");
+  flag(cmd, "--eta", o->eta, "DDIM's eta, 0..1: weight of the noise added in each step (needs --scheduler ddim)");
+  flag(cmd, "--clip_skip", o->clip_skip,
+       "Skip this many text-encoder layers from the end for the prompts (1 = the penultimate layer's output)");
   flag(cmd, "--height", o->height, "Image height in pixels (default: the UNet's sample_size x the VAE factor)");
   flag(cmd, "--width", o->width, "Image width in pixels (default: the UNet's sample_size x the VAE factor)");
   flag(cmd, "--seed", o->seed,
@@ -176,8 +269,17 @@ void add_generate(CLI::App& app, std::function<int()>& chosen) {
        "uses a generator seeded seed + k, so it reproduces alone with --seed seed+k");
   flag(cmd, "--num_images_per_prompt", o->num_images_per_prompt, "Images per prompt")->check(CLI::PositiveNumber);
   flag(cmd, "--scheduler", o->scheduler,
-       "Scheduler class or alias (pndm, ddim, euler, euler_a, dpm++, ddpm); default: the pipeline's");
-  flag(cmd, "--mixed_precision", o->mixed_precision, "bf16 runs the UNet and VAE in bfloat16")
+       "Scheduler class or alias (pndm, ddim, ddpm, euler, euler_a, heun, lms, dpm++, unipc, dpm++_karras, "
+       "euler_karras, ...); default: the pipeline's");
+  switch_flag(cmd, "--use_karras_sigmas", o->use_karras_sigmas,
+              "Karras et al. sigmas (DPM-Solver, UniPC, Euler, Heun, LMS): 'DPM++ 2M Karras' is --scheduler dpm++ "
+              "--use_karras_sigmas");
+  flag(cmd, "--init_image", o->init_image,
+       "img2img: start from this image (PNG/JPEG/BMP); the output keeps its size, rounded down to the VAE factor");
+  flag(cmd, "--strength", o->strength,
+       fmt::format("img2img: share of the schedule to run, in (0, 1]; 1 keeps little of the image (default {})",
+                   kDefaultStrength));
+  flag(cmd, "--mixed_precision", o->mixed_precision, "bf16 runs the UNet and VAE in bfloat16 (in float32, with a note, on CPUs without AVX-512)")
       ->check(CLI::IsMember({"no", "bf16"}));
   repeated_flag(cmd, "--embeddings", o->embeddings,
                 "A textual-inversion embedding file (diffusers learned_embeds or A1111 format; repeatable)");

@@ -101,8 +101,18 @@ double bilinear_kernel(double x) {
   return x < 1.0 ? 1.0 - x : 0.0;
 }
 
+double sinc(double x) {
+  if (x == 0.0) return 1.0;
+  x *= M_PI;
+  return std::sin(x) / x;
+}
+
+// The sinc windowed by a 3-lobe sinc.
+double lanczos_kernel(double x) { return -3.0 <= x && x < 3.0 ? sinc(x) * sinc(x / 3) : 0.0; }
+
 constexpr Filter kBicubic{bicubic_kernel, 2.0};
 constexpr Filter kBilinear{bilinear_kernel, 1.0};
+constexpr Filter kLanczos{lanczos_kernel, 3.0};
 
 // For every output position: the first input index and the fixed-point weights of the inputs it reads.
 struct Coefficients {
@@ -188,6 +198,10 @@ RgbImage resize_bicubic(const RgbImage& image, int width, int height) {
 
 RgbImage resize_bilinear(const RgbImage& image, int width, int height) {
   return resize_with(image, width, height, kBilinear);
+}
+
+RgbImage resize_lanczos(const RgbImage& image, int width, int height) {
+  return resize_with(image, width, height, kLanczos);
 }
 
 RgbImage crop(const RgbImage& image, int top, int left, int height, int width) {

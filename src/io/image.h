@@ -1,5 +1,5 @@
 // Images as the training data and the generated outputs need them: decode (JPEG, PNG, BMP, WebP) to 8-bit RGB,
-// PIL's center crop and antialiased bicubic and bilinear resize bit for bit, and PNG writing.
+// PIL's center crop and antialiased bicubic, bilinear and Lanczos resize bit for bit, and PNG writing.
 #pragma once
 #include <cstdint>
 #include <filesystem>
@@ -39,6 +39,10 @@ RgbImage resize_bicubic(const RgbImage& image, int width, int height);
 
 // PIL's Image.resize(size, Image.BILINEAR): the same machinery with the triangle filter (support 1).
 RgbImage resize_bilinear(const RgbImage& image, int width, int height);
+
+// PIL's Image.resize(size, Image.LANCZOS), which diffusers' VaeImageProcessor uses (img2img's init image): the
+// same machinery with the 3-lobe Lanczos filter (support 3).
+RgbImage resize_lanczos(const RgbImage& image, int width, int height);
 
 // The height x width region whose top-left pixel is (left, top); throws sd::Error if it does not fit.
 RgbImage crop(const RgbImage& image, int top, int left, int height, int width);

@@ -23,8 +23,14 @@ void DDIMScheduler::set_timesteps(int n) {
   timesteps_ = at::tensor(at::ArrayRef<double>(t), at::kDouble).to(at::kLong);
 }
 
+void DDIMScheduler::set_eta(double eta) {
+  // Beyond 1 the direction term's variance (1 - a_prev - sigma_t^2) can turn negative.
+  SD_CHECK(eta >= 0 && eta <= 1, "{}: eta must be in [0, 1], got {}", class_name(), eta);
+  eta_ = eta;
+}
+
 at::Tensor DDIMScheduler::step(const at::Tensor& model_output, const at::Tensor& timestep, const at::Tensor& sample,
-                               Noise /*noise: eta = 0 draws none*/) {
+                               Noise noise) {
   SD_CHECK(num_inference_steps_ > 0, "{}: call set_timesteps before step", class_name());
   const int64_t t = timestep.item<int64_t>();
   SD_CHECK(t >= 0 && t < config_.num_train_timesteps, "{}: timestep {} outside [0, {})", class_name(), t,
@@ -50,13 +56,15 @@ at::Tensor DDIMScheduler::step(const at::Tensor& model_output, const at::Tensor&
   }
   if (clip_sample_) pred_original = pred_original.clamp(-config_.clip_sample_range, config_.clip_sample_range);
 
-  // sigma_t = eta * sqrt(variance) = 0; diffusers still forms (1 - a_prev - 0**2) ** 0.5 in float32.
+  // sigma_t(eta) = eta * sqrt(posterior variance) (eq. 16); at eta = 0 diffusers still forms it, in float32.
   const at::Tensor beta_prod_t_prev = 1 - alpha_prod_t_prev;
   const at::Tensor variance = (beta_prod_t_prev / beta_prod_t) * (1 - alpha_prod_t / alpha_prod_t_prev);
-  const at::Tensor std_dev_t = 0.0 * variance.pow(0.5);
+  const at::Tensor std_dev_t = eta_ * variance.pow(0.5);
   const at::Tensor pred_sample_direction = (1 - alpha_prod_t_prev - std_dev_t.pow(2)).pow(0.5) * pred_epsilon;
   pred_original_sample_ = pred_original;
-  return alpha_prod_t_prev.pow(0.5) * pred_original + pred_sample_direction;
+  at::Tensor prev = alpha_prod_t_prev.pow(0.5) * pred_original + pred_sample_direction;
+  if (eta_ > 0) prev = prev + std_dev_t * noise.draw(model_output);
+  return prev;
 }
 
 }  // namespace sd::schedulers

@@ -4,37 +4,6 @@
 
 namespace sd::schedulers {
 
-namespace {
-
-// acp[t] ** 0.5 (or (1 - acp[t]) ** 0.5), flattened and unsqueezed to broadcast over `like`.
-at::Tensor broadcast_to(at::Tensor v, const at::Tensor& like) {
-  v = v.flatten();
-  while (v.dim() < like.dim()) v = v.unsqueeze(-1);
-  return v;
-}
-
-std::pair<at::Tensor, at::Tensor> sqrt_alpha_terms(const at::Tensor& alphas_cumprod, const at::Tensor& like,
-                                                   const at::Tensor& timesteps) {
-  const at::Tensor acp = alphas_cumprod.to(like.device(), like.scalar_type());
-  const at::Tensor t = timesteps.to(like.device()).to(at::kLong);
-  const at::Tensor acp_t = acp.index({t});
-  return {broadcast_to(acp_t.pow(0.5), like), broadcast_to((1 - acp_t).pow(0.5), like)};
-}
-
-}  // namespace
-
-at::Tensor add_noise(const at::Tensor& alphas_cumprod, const at::Tensor& original, const at::Tensor& noise,
-                     const at::Tensor& timesteps) {
-  auto [sqrt_alpha, sqrt_one_minus_alpha] = sqrt_alpha_terms(alphas_cumprod, original, timesteps);
-  return sqrt_alpha * original + sqrt_one_minus_alpha * noise;
-}
-
-at::Tensor get_velocity(const at::Tensor& alphas_cumprod, const at::Tensor& sample, const at::Tensor& noise,
-                        const at::Tensor& timesteps) {
-  auto [sqrt_alpha, sqrt_one_minus_alpha] = sqrt_alpha_terms(alphas_cumprod, sample, timesteps);
-  return sqrt_alpha * noise - sqrt_one_minus_alpha * sample;
-}
-
 DDPMScheduler::DDPMScheduler(SchedulerConfig config) : Scheduler(std::move(config)) {
   const auto& c = config_;
   at::Tensor betas = make_betas(c, class_name(), /*allow_sigmoid=*/true);

@@ -1,17 +1,9 @@
 // DDPMScheduler (diffusers 0.24): ancestral sampling with the fixed posterior variance, and the training-side
-// helpers add_noise / get_velocity that the fine-tuning scripts call on it.
+// helper get_velocity that the fine-tuning scripts call on it (add_noise is every scheduler's).
 #pragma once
 #include "schedulers/scheduler.h"
 
 namespace sd::schedulers {
-
-// x_t = sqrt(acp[t]) * x0 + sqrt(1 - acp[t]) * noise, computed in the samples' dtype like diffusers.
-// original, noise: [N, ...]; timesteps: [N] int64.
-at::Tensor add_noise(const at::Tensor& alphas_cumprod, const at::Tensor& original, const at::Tensor& noise,
-                     const at::Tensor& timesteps);
-// The v-prediction target: sqrt(acp[t]) * noise - sqrt(1 - acp[t]) * x0.
-at::Tensor get_velocity(const at::Tensor& alphas_cumprod, const at::Tensor& sample, const at::Tensor& noise,
-                        const at::Tensor& timesteps);
 
 class DDPMScheduler : public Scheduler {
  public:
@@ -21,10 +13,8 @@ class DDPMScheduler : public Scheduler {
   // Draws noise for every t > 0.
   at::Tensor step(const at::Tensor& model_output, const at::Tensor& t, const at::Tensor& sample,
                   Noise noise = {}) override;
+  bool step_draws_noise() const override { return true; }
 
-  at::Tensor add_noise(const at::Tensor& original, const at::Tensor& noise, const at::Tensor& timesteps) const {
-    return schedulers::add_noise(alphas_cumprod_, original, noise, timesteps);
-  }
   at::Tensor get_velocity(const at::Tensor& sample, const at::Tensor& noise, const at::Tensor& timesteps) const {
     return schedulers::get_velocity(alphas_cumprod_, sample, noise, timesteps);
   }

@@ -15,6 +15,11 @@ at::Tensor Noise::draw(const at::Tensor& like) const {
   return at::randn(like.sizes(), like.options());
 }
 
+at::Tensor Scheduler::add_noise(const at::Tensor& original, const at::Tensor& noise,
+                                const at::Tensor& timesteps) const {
+  return schedulers::add_noise(alphas_cumprod_, original, noise, timesteps);
+}
+
 void Scheduler::check_steps(int num_inference_steps) const {
   SD_CHECK(num_inference_steps >= 1, "{}: num_inference_steps must be >= 1, got {}", class_name(), num_inference_steps);
   SD_CHECK(num_inference_steps <= config_.num_train_timesteps,
@@ -25,6 +30,42 @@ void Scheduler::check_steps(int num_inference_steps) const {
 void Scheduler::init_tables(const at::Tensor& betas) {
   betas_ = betas;
   alphas_cumprod_ = at::cumprod(1.0 - betas_, 0);
+}
+
+at::Tensor broadcast_per_sample(at::Tensor values, const at::Tensor& like) {
+  values = values.flatten();
+  while (values.dim() < like.dim()) values = values.unsqueeze(-1);
+  return values;
+}
+
+namespace {
+
+std::pair<at::Tensor, at::Tensor> sqrt_alpha_terms(const at::Tensor& alphas_cumprod, const at::Tensor& like,
+                                                   const at::Tensor& timesteps) {
+  const at::Tensor acp = alphas_cumprod.to(like.device(), like.scalar_type());
+  const at::Tensor t = timesteps.to(like.device()).to(at::kLong);
+  const at::Tensor acp_t = acp.index({t});
+  return {broadcast_per_sample(acp_t.pow(0.5), like), broadcast_per_sample((1 - acp_t).pow(0.5), like)};
+}
+
+}  // namespace
+
+at::Tensor add_noise(const at::Tensor& alphas_cumprod, const at::Tensor& original, const at::Tensor& noise,
+                     const at::Tensor& timesteps) {
+  auto [sqrt_alpha, sqrt_one_minus_alpha] = sqrt_alpha_terms(alphas_cumprod, original, timesteps);
+  return sqrt_alpha * original + sqrt_one_minus_alpha * noise;
+}
+
+at::Tensor get_velocity(const at::Tensor& alphas_cumprod, const at::Tensor& sample, const at::Tensor& noise,
+                        const at::Tensor& timesteps) {
+  auto [sqrt_alpha, sqrt_one_minus_alpha] = sqrt_alpha_terms(alphas_cumprod, sample, timesteps);
+  return sqrt_alpha * noise - sqrt_one_minus_alpha * sample;
+}
+
+std::optional<int64_t> index_of_timestep(const at::Tensor& timesteps, const at::Tensor& t) {
+  const at::Tensor matches = (timesteps == t.to(timesteps.device())).nonzero();
+  if (matches.size(0) == 0) return std::nullopt;
+  return matches[matches.size(0) > 1 ? 1 : 0][0].item<int64_t>();
 }
 
 std::vector<double> spaced_timesteps(const std::string& spacing, int64_t num_train_timesteps, int64_t n,

@@ -1,6 +1,6 @@
-// The noise-scheduler interface the txt2img loop and training use, mirroring diffusers 0.24's SchedulerMixin:
-// set_timesteps, timesteps, init_noise_sigma, scale_model_input, step (stateful: PNDM's ets, DPM-Solver's
-// history and every scheduler's step index live inside the object).
+// The noise-scheduler interface the sampling loops and training use, mirroring diffusers 0.24's SchedulerMixin:
+// set_timesteps, timesteps, init_noise_sigma, scale_model_input, step, add_noise (stateful: PNDM's ets,
+// DPM-Solver's history and every scheduler's step index live inside the object).
 #pragma once
 #include <ATen/ATen.h>
 
@@ -50,12 +50,21 @@ class Scheduler {
   const at::Tensor& sigmas() const { return sigmas_; }
   int num_inference_steps() const { return num_inference_steps_; }
   virtual double init_noise_sigma() const { return 1.0; }
+  // Model calls per inference step (diffusers' `order`): 2 for Heun, whose table repeats every timestep but the
+  // first; img2img skips `order` table entries per skipped step.
+  virtual int order() const { return 1; }
 
   // sample: [N, C, H, W]; t: one entry of timesteps() (0-dim).
   virtual at::Tensor scale_model_input(const at::Tensor& sample, const at::Tensor& t) { return sample; }
   // One reverse step: returns prev_sample (x_{t-1}).
   virtual at::Tensor step(const at::Tensor& model_output, const at::Tensor& t, const at::Tensor& sample,
                           Noise noise = {}) = 0;
+  // Whether step() uses a noise draw (DDPM, DDIM with eta > 0, EulerAncestral, the SDE DPM-Solvers), so a
+  // pipeline knows to draw one per image from that image's generator.
+  virtual bool step_draws_noise() const { return false; }
+  // The forward process at `timesteps` ([N], entries of timesteps() or training timesteps): what img2img starts
+  // from. original, noise: [N, ...]. The default is the VP form sqrt(acp[t]) x0 + sqrt(1 - acp[t]) noise.
+  virtual at::Tensor add_noise(const at::Tensor& original, const at::Tensor& noise, const at::Tensor& timesteps) const;
   // The x_0 prediction of the last step() for the schedulers whose diffusers step() returns it (DDPM, DDIM,
   // Euler, EulerAncestral); undefined otherwise.
   const at::Tensor& pred_original_sample() const { return pred_original_sample_; }
@@ -80,6 +89,21 @@ class Scheduler {
   at::Tensor pred_original_sample_;
   int num_inference_steps_ = 0;
 };
+
+// values [N] (one scalar per sample) shaped [N, 1, ...] to broadcast over `like` [N, ...].
+at::Tensor broadcast_per_sample(at::Tensor values, const at::Tensor& like);
+
+// x_t = sqrt(acp[t]) * x0 + sqrt(1 - acp[t]) * noise, computed in the samples' dtype like diffusers.
+// original, noise: [N, ...]; timesteps: [N] int64.
+at::Tensor add_noise(const at::Tensor& alphas_cumprod, const at::Tensor& original, const at::Tensor& noise,
+                     const at::Tensor& timesteps);
+// The v-prediction target: sqrt(acp[t]) * noise - sqrt(1 - acp[t]) * x0.
+at::Tensor get_velocity(const at::Tensor& alphas_cumprod, const at::Tensor& sample, const at::Tensor& noise,
+                        const at::Tensor& timesteps);
+
+// Where `t` sits in `timesteps`, as diffusers' schedulers find their step index: the second match when t occurs
+// twice (a run started mid-table, as img2img does, must not repeat a sigma), nullopt when absent.
+std::optional<int64_t> index_of_timestep(const at::Tensor& timesteps, const at::Tensor& t);
 
 // Integer inference timesteps for DDPM/DDIM (and the values Euler uses as float): diffusers' three spacings,
 // computed with numpy's arithmetic (float64 linspace / arange, round half to even).

@@ -69,8 +69,8 @@ SchedulerConfig SchedulerConfig::from_json(const sd::io::JsonConfig& cfg) {
   c.num_train_timesteps = cfg.get<int64_t>("num_train_timesteps", c.num_train_timesteps);
   if (c.num_train_timesteps < 1)
     c.fail_key("num_train_timesteps", fmt::format("must be >= 1, got {}", c.num_train_timesteps));
-  c.beta_start = cfg.get<double>("beta_start", c.beta_start);
-  c.beta_end = cfg.get<double>("beta_end", c.beta_end);
+  c.beta_start = cfg.get_optional<double>("beta_start");
+  c.beta_end = cfg.get_optional<double>("beta_end");
   c.beta_schedule =
       one_of(cfg, c, "beta_schedule", c.beta_schedule, {"linear", "scaled_linear", "squaredcos_cap_v2", "sigmoid"});
   if (cfg.has("trained_betas")) {
@@ -102,11 +102,11 @@ SchedulerConfig SchedulerConfig::from_json(const sd::io::JsonConfig& cfg) {
   c.rescale_betas_zero_snr = cfg.get<bool>("rescale_betas_zero_snr", c.rescale_betas_zero_snr);
 
   c.solver_order = cfg.get<int64_t>("solver_order", c.solver_order);
-  c.algorithm_type = cfg.get<std::string>("algorithm_type", c.algorithm_type);
-  c.solver_type = cfg.get<std::string>("solver_type", c.solver_type);
+  c.solver_type = cfg.get_optional<std::string>("solver_type");
   c.lower_order_final = cfg.get<bool>("lower_order_final", c.lower_order_final);
-  c.euler_at_final = cfg.get<bool>("euler_at_final", c.euler_at_final);
   c.use_karras_sigmas = cfg.get<bool>("use_karras_sigmas", c.use_karras_sigmas);
+  c.algorithm_type = cfg.get<std::string>("algorithm_type", c.algorithm_type);
+  c.euler_at_final = cfg.get<bool>("euler_at_final", c.euler_at_final);
   c.use_lu_lambdas = cfg.get<bool>("use_lu_lambdas", c.use_lu_lambdas);
   if (auto v = special_number(cfg, c, "lambda_min_clipped")) c.lambda_min_clipped = *v;
 
@@ -114,7 +114,25 @@ SchedulerConfig SchedulerConfig::from_json(const sd::io::JsonConfig& cfg) {
   c.sigma_min = special_number(cfg, c, "sigma_min");
   c.sigma_max = special_number(cfg, c, "sigma_max");
   c.timestep_type = cfg.get<std::string>("timestep_type", c.timestep_type);
+
+  c.predict_x0 = cfg.get<bool>("predict_x0", c.predict_x0);
+  c.disable_corrector = cfg.get<std::vector<int64_t>>("disable_corrector", c.disable_corrector);
   return c;
+}
+
+std::pair<double, double> SchedulerConfig::beta_range(const std::string& cls) const {
+  // diffusers gives HeunDiscreteScheduler "sensible defaults" (SD's range); every other class DDPM's.
+  const bool heun = cls == "HeunDiscreteScheduler";
+  return {beta_start.value_or(heun ? 0.00085 : 0.0001), beta_end.value_or(heun ? 0.012 : 0.02)};
+}
+
+std::string SchedulerConfig::resolved_solver_type(const std::string& cls) const {
+  if (cls == "UniPCMultistepScheduler") {
+    const std::string type = solver_type.value_or("bh2");
+    return type == "midpoint" || type == "heun" || type == "logrho" ? "bh2" : type;
+  }
+  const std::string type = solver_type.value_or("midpoint");
+  return type == "bh1" || type == "bh2" || type == "logrho" ? "midpoint" : type;
 }
 
 SchedulerConfig SchedulerConfig::load(const std::filesystem::path& path) {
@@ -127,12 +145,14 @@ json SchedulerConfig::to_json(const std::string& cls) const {
     if (!it.key().empty() && it.key()[0] != '_') out[it.key()] = it.value();
 
   const bool ddpm = cls == "DDPMScheduler", ddim = cls == "DDIMScheduler", pndm = cls == "PNDMScheduler";
-  const bool euler = cls == "EulerDiscreteScheduler", euler_a = cls == "EulerAncestralDiscreteScheduler";
-  const bool dpm = cls == "DPMSolverMultistepScheduler";
+  const bool euler = cls == "EulerDiscreteScheduler";
+  const bool dpm = cls == "DPMSolverMultistepScheduler", unipc = cls == "UniPCMultistepScheduler";
+  const bool heun = cls == "HeunDiscreteScheduler", lms = cls == "LMSDiscreteScheduler";
 
   out["num_train_timesteps"] = num_train_timesteps;
-  out["beta_start"] = beta_start;
-  out["beta_end"] = beta_end;
+  const auto [start, end] = beta_range(cls);
+  out["beta_start"] = start;
+  out["beta_end"] = end;
   out["beta_schedule"] = beta_schedule;
   out["trained_betas"] = trained_betas ? json(*trained_betas) : json(nullptr);
   out["prediction_type"] = prediction_type;
@@ -142,7 +162,11 @@ json SchedulerConfig::to_json(const std::string& cls) const {
     out["clip_sample"] = clip_sample.value_or(true);
     out["clip_sample_range"] = clip_sample_range;
   }
-  if (ddpm || ddim || dpm) {
+  if (heun) {
+    out["clip_sample"] = clip_sample.value_or(false);
+    out["clip_sample_range"] = clip_sample_range;
+  }
+  if (ddpm || ddim || dpm || unipc) {
     out["thresholding"] = thresholding;
     out["dynamic_thresholding_ratio"] = dynamic_thresholding_ratio;
     out["sample_max_value"] = sample_max_value;
@@ -157,20 +181,21 @@ json SchedulerConfig::to_json(const std::string& cls) const {
     out["skip_prk_steps"] = skip_prk_steps;
     out["set_alpha_to_one"] = set_alpha_to_one.value_or(false);
   }
+  if (euler || heun || lms || dpm || unipc) out["use_karras_sigmas"] = use_karras_sigmas;
+  if (dpm || unipc) {
+    out["solver_order"] = solver_order;
+    out["solver_type"] = resolved_solver_type(cls);
+    out["lower_order_final"] = lower_order_final;
+  }
   if (euler) {
     out["interpolation_type"] = interpolation_type;
-    out["use_karras_sigmas"] = use_karras_sigmas;
     out["sigma_min"] = sigma_min ? json(*sigma_min) : json(nullptr);
     out["sigma_max"] = sigma_max ? json(*sigma_max) : json(nullptr);
     out["timestep_type"] = timestep_type;
   }
   if (dpm) {
-    out["solver_order"] = solver_order;
     out["algorithm_type"] = algorithm_type;
-    out["solver_type"] = solver_type;
-    out["lower_order_final"] = lower_order_final;
     out["euler_at_final"] = euler_at_final;
-    out["use_karras_sigmas"] = use_karras_sigmas;
     out["use_lu_lambdas"] = use_lu_lambdas;
     out["variance_type"] = variance_type ? json(*variance_type) : json(nullptr);
     // JSON has no -Infinity; leaving the key out gives diffusers' default (-inf) back on load.
@@ -179,7 +204,11 @@ json SchedulerConfig::to_json(const std::string& cls) const {
     else
       out.erase("lambda_min_clipped");
   }
-  (void)euler_a;
+  if (unipc) {
+    out["predict_x0"] = predict_x0;
+    out["disable_corrector"] = disable_corrector;
+    out["solver_p"] = nullptr;  // another scheduler object; UniPCMultistepScheduler refuses anything else
+  }
   out["_class_name"] = cls;
   out["_diffusers_version"] = "0.24.0";
   return out;
@@ -188,14 +217,15 @@ json SchedulerConfig::to_json(const std::string& cls) const {
 at::Tensor make_betas(const SchedulerConfig& c, const std::string& class_name, bool allow_sigmoid) {
   const int64_t n = c.num_train_timesteps;
   const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  const auto [start, end] = c.beta_range(class_name);
   if (c.trained_betas) return float_tensor(*c.trained_betas);
-  if (c.beta_schedule == "linear") return at::linspace(c.beta_start, c.beta_end, n, f32);
+  if (c.beta_schedule == "linear") return at::linspace(start, end, n, f32);
   if (c.beta_schedule == "scaled_linear")
     // The latent-diffusion schedule: linear in sqrt(beta).
-    return at::linspace(std::pow(c.beta_start, 0.5), std::pow(c.beta_end, 0.5), n, f32).pow(2);
+    return at::linspace(std::pow(start, 0.5), std::pow(end, 0.5), n, f32).pow(2);
   if (c.beta_schedule == "squaredcos_cap_v2") return float_tensor(cosine_betas(n));
   if (c.beta_schedule == "sigmoid" && allow_sigmoid)
-    return at::sigmoid(at::linspace(-6, 6, n, f32)) * (c.beta_end - c.beta_start) + c.beta_start;
+    return at::sigmoid(at::linspace(-6, 6, n, f32)) * (end - start) + start;
   c.fail_key("beta_schedule", fmt::format("\"{}\" is not supported by {}", c.beta_schedule, class_name));
 }
 

@@ -1,14 +1,17 @@
 // `sdtrain generate` end to end: the tiny-sd1 txt2img goldens through the binary (--init_latents, --save_raw and
-// the PNGs), embeddings, file names and sizes, pipe output, and one clear line for every bad input.
+// the PNGs), embeddings, negative prompts per prompt, the sampler options, img2img, file names and sizes, pipe
+// output, and one clear line for every bad input.
 #include <ATen/ATen.h>
 
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "io/image.h"
 #include "io/safetensors.h"
 #include "models/model_test_util.h"
 #include "pipeline/embedding_file.h"
+#include "pipeline/img2img.h"
 #include "pipeline/stable_diffusion.h"
 #include "pipeline/textual_inversion_embeddings.h"
 #include "pipeline/txt2img.h"
@@ -146,9 +149,113 @@ TEST(Generate, EmbeddingsAreUsedByPrompts) {
   EXPECT_GT((with - without).abs().max().item<double>(), 1e-3);
 }
 
+// The images a generate run saved with --save_raw.
+at::Tensor raw_images(const fs::path& raw) { return io::load_safetensors(raw).at("images"); }
+
+pipeline::StableDiffusion& library_pipeline() {
+  static pipeline::StableDiffusion pipe = pipeline::load_pipeline(sd::test::fixtures() / "tiny-sd1");
+  return pipe;
+}
+
+// One negative prompt per prompt, in order, through the binary: the library's result with the same options.
+TEST(Generate, NegativePromptPerPromptMatchesTheLibrary) {
+  sd::test::TempDir dir;
+  const fs::path raw = dir.path() / "raw.safetensors";
+  auto r = generate("--model " + tiny() + " --prompt 'a red cube' --prompt 'a blue ball' --negative_prompt blurry " +
+                    "--negative_prompt dark --num_inference_steps 2 --seed 3 --threads 1 --output_dir '' " +
+                    "--save_raw " + quote(raw.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+
+  pipeline::Txt2ImgOptions o;
+  o.prompts = {"a red cube", "a blue ball"};
+  o.negative_prompts = {"blurry", "dark"};
+  o.num_inference_steps = 2;
+  o.seed = 3;
+  auto scheduler = schedulers::make_scheduler(library_pipeline().scheduler_config);
+  const at::Tensor expected = pipeline::txt2img(library_pipeline(), *scheduler, o).images;
+  EXPECT_TRUE(matches_golden("binary vs library, negative prompts", raw_images(raw), expected, 1e-5));
+  // Swapping the negatives changes the images: each prompt got its own.
+  o.negative_prompts = {"dark", "blurry"};
+  const at::Tensor swapped = pipeline::txt2img(library_pipeline(), *scheduler, o).images;
+  EXPECT_GT((swapped - expected).abs().max().item<double>(), 1e-3);
+}
+
+// The sampler flags reach the library: eta with DDIM, guidance_rescale, clip_skip, a Karras alias.
+TEST(Generate, SamplerFlagsMatchTheLibrary) {
+  sd::test::TempDir dir;
+  const fs::path raw = dir.path() / "raw.safetensors";
+  auto r = generate("--model " + tiny() + " --prompt cat --scheduler ddim --eta 0.5 --guidance_rescale 0.7 " +
+                    "--clip_skip 1 --num_inference_steps 2 --seed 4 --threads 1 --output_dir '' --save_raw " +
+                    quote(raw.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  pipeline::Txt2ImgOptions o;
+  o.prompts = {"cat"};
+  o.num_inference_steps = 2;
+  o.seed = 4;
+  o.eta = 0.5;
+  o.guidance_rescale = 0.7;
+  o.clip_skip = 1;
+  auto ddim = schedulers::make_scheduler(library_pipeline().scheduler_config, "ddim");
+  EXPECT_TRUE(matches_golden("binary vs library, ddim options", raw_images(raw),
+                             pipeline::txt2img(library_pipeline(), *ddim, o).images, 1e-5));
+
+  r = generate("--model " + tiny() + " --prompt cat --scheduler dpm++ --use_karras_sigmas --num_inference_steps 3 " +
+               "--seed 4 --threads 1 --output_dir '' --save_raw " + quote(raw.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  pipeline::Txt2ImgOptions k;
+  k.prompts = {"cat"};
+  k.num_inference_steps = 3;
+  k.seed = 4;
+  auto karras = schedulers::make_scheduler(library_pipeline().scheduler_config, "dpm++_karras");
+  EXPECT_TRUE(matches_golden("binary vs library, dpm++ karras", raw_images(raw),
+                             pipeline::txt2img(library_pipeline(), *karras, k).images, 1e-5));
+}
+
+// --init_image runs img2img: the library's result, the image's size rounded down to the VAE factor (4 here).
+TEST(Generate, InitImageRunsImg2Img) {
+  sd::test::TempDir dir;
+  const fs::path image = sd::test::golden("images/portrait_90x140.png");
+  const fs::path out = dir.path() / "out";
+  const fs::path raw = dir.path() / "raw.safetensors";
+  auto r = generate("--model " + tiny() + " --prompt cat --init_image " + quote(image.string()) +
+                    " --strength 0.6 --scheduler euler_a --num_inference_steps 5 --seed 8 --threads 1 --output_dir " +
+                    quote(out.string()) + " --save_raw " + quote(raw.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const io::RgbImage png = io::load_image_rgb(out / "p0-s8-i0.png");
+  EXPECT_EQ(png.width, 88);
+  EXPECT_EQ(png.height, 140);
+
+  pipeline::Img2ImgOptions o;
+  o.prompts = {"cat"};
+  o.init_image = io::load_image_rgb(image);
+  o.strength = 0.6;
+  o.num_inference_steps = 5;
+  o.seed = 8;
+  auto scheduler = schedulers::make_scheduler(library_pipeline().scheduler_config, "euler_a");
+  EXPECT_TRUE(matches_golden("binary vs library, img2img", raw_images(raw),
+                             pipeline::img2img(library_pipeline(), *scheduler, o).images, 1e-5));
+}
+
 // Every bad input: a non-zero exit and exactly one line saying what is wrong.
 void expect_one_line_error(const std::string& args, const std::string& needle) {
   EXPECT_TRUE(sd::test::is_one_line_error(generate(args), needle)) << args;
+}
+
+// A model whose weights went NaN (a diverged training run) must not give black PNGs and exit 0.
+TEST(Generate, NonFiniteImagesAreAnErrorAndNothingIsWritten) {
+  sd::test::TempDir dir;
+  const fs::path model = dir.path() / "nan-model";
+  fs::copy(sd::test::fixtures() / "tiny-sd1", model, fs::copy_options::recursive);
+  const fs::path unet = model / "unet" / "diffusion_pytorch_model.safetensors";
+  io::TensorMap weights = io::load_safetensors(unet);
+  weights.at("conv_out.bias").fill_(std::numeric_limits<float>::quiet_NaN());
+  io::save_safetensors(unet, weights);
+  const fs::path out = dir.path() / "out";
+  EXPECT_TRUE(sd::test::is_one_line_error(
+      generate("--model " + quote(model.string()) + " --prompt x --num_inference_steps 2 --height 64 --width 64 " +
+               "--seed 1 --output_dir " + quote(out.string())),
+      "the generated images contain NaN or infinite values"));
+  EXPECT_FALSE(fs::exists(out / "grid.png"));
 }
 
 TEST(Generate, BadInputGetsOneClearLine) {
@@ -174,6 +281,28 @@ TEST(Generate, BadInputGetsOneClearLine) {
   io::save_safetensors(dir.path() / "latents.safetensors", {{"latents", at::zeros({2, 4, 16, 16})}});
   expect_one_line_error(base + "--init_latents " + quote((dir.path() / "latents.safetensors").string()),
                         "initial latents have shape [2, 4, 16, 16] but 1 image(s) of 64x64 need [1, 4, 16, 16]");
+
+  expect_one_line_error(base + "--negative_prompt a --negative_prompt b",
+                        "negative_prompt given 2 times for 1 prompts: give one for every prompt or one per prompt");
+  expect_one_line_error(base + "--eta 0.5", "eta 0.5 needs the DDIM scheduler (scheduler ddim); PNDMScheduler");
+  expect_one_line_error(base + "--eta 1.5 --scheduler ddim", "eta must be in [0, 1], got 1.5");
+  expect_one_line_error(base + "--guidance_rescale 2", "guidance_rescale must be in [0, 1], got 2");
+  expect_one_line_error(base + "--clip_skip -1", "clip_skip must be >= 0, got -1");
+  expect_one_line_error(base + "--clip_skip 9", "clip_skip 9 is out of range: the text encoder has 5 layers");
+  expect_one_line_error(base + "--use_karras_sigmas", "--use_karras_sigmas: PNDMScheduler has no Karras sigmas");
+  expect_one_line_error(base + "--use_karras_sigmas --scheduler ddim",
+                        "--use_karras_sigmas: DDIMScheduler has no Karras sigmas");
+  expect_one_line_error(base + "--strength 0.5", "--strength needs --init_image");
+  const std::string image = " --init_image " + quote(sd::test::golden("images/portrait_90x140.png").string());
+  expect_one_line_error(base + "--init_image " + quote((dir.path() / "missing.png").string()),
+                        "--init_image: " + (dir.path() / "missing.png").string());
+  expect_one_line_error(base + image + " --strength 0", "strength must be in (0, 1], got 0");
+  expect_one_line_error(base + image + " --strength 1.5", "strength must be in (0, 1], got 1.5");
+  expect_one_line_error(model + "--num_inference_steps 2" + image + " --strength 0.4",
+                        "strength 0.4 of 2 inference steps runs no step");
+  expect_one_line_error(base + image + " --height 64", "--height/--width cannot be combined with --init_image");
+  expect_one_line_error(base + image + " --guidance_rescale 0.5",
+                        "--guidance_rescale cannot be combined with --init_image");
 
   const std::string rest = " --prompt cat --num_inference_steps 1 --threads 1";
   expect_one_line_error("--model " + quote((dir.path() / "nowhere").string()) + rest, "model folder not found");

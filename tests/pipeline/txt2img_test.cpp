@@ -1,15 +1,18 @@
 // txt2img parity with diffusers 0.24's StableDiffusionPipeline on tiny-sd1 (fixtures README C8): the conditioning,
 // every step's UNet input/output and latents, the decoded image and its uint8 pixels; plus the seeding contract,
-// guidance off, bf16 and the input checks of the library call.
+// guidance off, guidance_rescale and DDIM's eta (replayed from the formulas, no golden has them), bf16 and the
+// input checks of the library call.
 #include "pipeline/txt2img.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <cmath>
 #include <iostream>
 
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "models/model_test_util.h"
+#include "schedulers/ddim.h"
 #include "schedulers/factory.h"
 #include "test_util.h"
 
@@ -28,8 +31,8 @@ StableDiffusion& tiny_sd1() {
 }
 
 struct GoldenRun {
-  Txt2ImgResult result;
-  std::vector<Txt2ImgStep> steps;
+  GenerationResult result;
+  std::vector<DenoisingStep> steps;
   at::Tensor scheduler_timesteps;
 };
 
@@ -42,8 +45,8 @@ GoldenRun run_golden_setup(StableDiffusion& pipe, const std::optional<std::strin
   o.guidance_scale = 7.5;
   o.initial_latents = latents;
   GoldenRun run;
-  Txt2ImgHooks hooks;
-  hooks.on_step = [&run](const Txt2ImgStep& s) { run.steps.push_back(s); };
+  GenerationHooks hooks;
+  hooks.on_step = [&run](const DenoisingStep& s) { run.steps.push_back(s); };
   run.result = txt2img(pipe, *scheduler, o, hooks);
   run.scheduler_timesteps = scheduler->timesteps();
   return run;
@@ -72,7 +75,7 @@ TEST_P(Txt2ImgGolden, MatchesDiffusersStepByStep) {
   ASSERT_EQ(run.steps.size(), num_steps);
   for (size_t k = 0; k < num_steps; ++k) {
     const std::string p = "step" + std::to_string(k) + ".";
-    const Txt2ImgStep& s = run.steps[k];
+    const DenoisingStep& s = run.steps[k];
     EXPECT_TRUE(at::equal(s.timestep.reshape({1}), g.at(p + "timestep"))) << p << "timestep";
     EXPECT_TRUE(matches_golden(p + "unet_input", s.unet_input, g.at(p + "unet_input"), kTol));
     EXPECT_TRUE(matches_golden(p + "unet_output", s.unet_output, g.at(p + "unet_output"), kTol));
@@ -122,7 +125,7 @@ TEST(Txt2Img, EachImageIsReproducibleAloneFromSeedPlusIndex) {
   o.num_inference_steps = 3;
   o.seed = 1000;
   auto scheduler = schedulers::make_scheduler(pipe.scheduler_config, "euler_a");
-  Txt2ImgResult all = txt2img(pipe, *scheduler, o);
+  GenerationResult all = txt2img(pipe, *scheduler, o);
   ASSERT_EQ(all.images.size(0), 4);
   EXPECT_EQ(all.seeds, (std::vector<uint64_t>{1000, 1001, 1002, 1003}));
   for (int64_t k : {1, 2}) {
@@ -130,7 +133,7 @@ TEST(Txt2Img, EachImageIsReproducibleAloneFromSeedPlusIndex) {
     one.prompts = {o.prompts[static_cast<size_t>(k / 2)]};
     one.num_images_per_prompt = 1;
     one.seed = o.seed + static_cast<uint64_t>(k);
-    Txt2ImgResult alone = txt2img(pipe, *scheduler, one);
+    GenerationResult alone = txt2img(pipe, *scheduler, one);
     EXPECT_TRUE(matches_golden("image " + std::to_string(k), alone.images[0], all.images[k], kTol));
   }
   // Different seeds give different images.
@@ -147,9 +150,9 @@ TEST(Txt2Img, RandomLatentsComeFromPerImageGenerators) {
   o.num_inference_steps = 1;
   o.seed = 77;
   auto scheduler = schedulers::make_scheduler(pipe.scheduler_config, "ddim");
-  std::vector<Txt2ImgStep> steps;
-  Txt2ImgHooks hooks;
-  hooks.on_step = [&](const Txt2ImgStep& s) { steps.push_back(s); };
+  std::vector<DenoisingStep> steps;
+  GenerationHooks hooks;
+  hooks.on_step = [&](const DenoisingStep& s) { steps.push_back(s); };
   txt2img(pipe, *scheduler, o, hooks);
   ASSERT_EQ(steps.size(), 1u);
   for (int64_t k = 0; k < 2; ++k) {
@@ -169,10 +172,10 @@ TEST(Txt2Img, GuidanceScaleOneSkipsTheUnconditionalBatch) {
   o.guidance_scale = 1.0;
   o.initial_latents = g.at("input.latents");
   auto scheduler = schedulers::make_scheduler(pipe.scheduler_config, "ddim");
-  std::vector<Txt2ImgStep> steps;
-  Txt2ImgHooks hooks;
-  hooks.on_step = [&](const Txt2ImgStep& s) { steps.push_back(s); };
-  Txt2ImgResult r = txt2img(pipe, *scheduler, o, hooks);
+  std::vector<DenoisingStep> steps;
+  GenerationHooks hooks;
+  hooks.on_step = [&](const DenoisingStep& s) { steps.push_back(s); };
+  GenerationResult r = txt2img(pipe, *scheduler, o, hooks);
   EXPECT_EQ(r.encoder_hidden_states.size(0), 1);
   // The conditional rows are the golden's second half (the golden put the negative prompt first).
   EXPECT_TRUE(matches_golden("cond rows", r.encoder_hidden_states[0], g.at("encoder_hidden_states")[1], kTol));
@@ -180,6 +183,84 @@ TEST(Txt2Img, GuidanceScaleOneSkipsTheUnconditionalBatch) {
   EXPECT_EQ(steps[0].unet_input.size(0), 1);
   // Step 0 sees the same latents with or without guidance, so its UNet output is the golden's conditional half.
   EXPECT_TRUE(matches_golden("step0 cond output", steps[0].unet_output[0], g.at("step0.unet_output")[1], kTol));
+}
+
+// rescale_noise_cfg (arXiv 2305.08891 eq. 15-16) in float64: phi * cfg * std(text) / std(cfg) + (1 - phi) * cfg,
+// with per-image unbiased standard deviations.
+TEST(Txt2Img, RescaleNoiseCfgIsThePapersFormula) {
+  const at::Tensor cfg = at::randn({2, 4, 8, 8}) * 3, text = at::randn({2, 4, 8, 8});
+  const at::Tensor got = rescale_noise_cfg(cfg, text, 0.7);
+  for (int64_t k = 0; k < 2; ++k) {
+    const at::Tensor c = cfg[k].to(at::kDouble), t = text[k].to(at::kDouble);
+    auto stddev = [](const at::Tensor& x) {
+      return std::sqrt((x - x.mean()).pow(2).sum().item<double>() / static_cast<double>(x.numel() - 1));
+    };
+    const at::Tensor expected = 0.7 * c * (stddev(t) / stddev(c)) + 0.3 * c;
+    EXPECT_TRUE(matches_golden("rescaled image " + std::to_string(k), got[k], expected, 1e-5));
+  }
+  EXPECT_TRUE(at::equal(rescale_noise_cfg(cfg, text, 0.0), cfg));
+}
+
+// Each step's latents are the scheduler step on the guided, rescaled UNet output the step saw.
+TEST(Txt2Img, GuidanceRescaleFeedsTheSchedulerTheRescaledPrediction) {
+  StableDiffusion& pipe = tiny_sd1();
+  const io::TensorMap g = io::load_safetensors(sd::test::golden("tiny-sd1/txt2img_ddim.safetensors"));
+  Txt2ImgOptions o;
+  o.prompts = {kPrompt};
+  o.num_inference_steps = 3;
+  o.guidance_rescale = 0.7;
+  o.initial_latents = g.at("input.latents");
+  auto scheduler = schedulers::make_scheduler(pipe.scheduler_config, "ddim");
+  std::vector<DenoisingStep> steps;
+  GenerationHooks hooks;
+  hooks.on_step = [&](const DenoisingStep& s) { steps.push_back(s); };
+  txt2img(pipe, *scheduler, o, hooks);
+  auto replay = schedulers::make_scheduler(pipe.scheduler_config, "ddim");
+  replay->set_timesteps(3);
+  at::Tensor latents = o.initial_latents;
+  ASSERT_EQ(steps.size(), 3u);
+  for (const DenoisingStep& s : steps) {
+    const auto halves = s.unet_output.chunk(2);
+    const at::Tensor guided = halves[0] + 7.5 * (halves[1] - halves[0]);
+    latents = replay->step(rescale_noise_cfg(guided, halves[1], 0.7), s.timestep, latents);
+    EXPECT_TRUE(matches_golden("latents after step " + std::to_string(s.index), s.latents_after, latents, 1e-6));
+  }
+}
+
+// With eta > 0 DDIM draws its variance noise per image from that image's generator, after the initial latents
+// (diffusers passes the list of generators to step()).
+TEST(Txt2Img, DdimEtaDrawsEachImagesNoiseFromItsGenerator) {
+  StableDiffusion& pipe = tiny_sd1();
+  Txt2ImgOptions o;
+  o.prompts = {kPrompt};
+  o.num_images_per_prompt = 2;
+  o.num_inference_steps = 3;
+  o.seed = 11;
+  o.eta = 0.5;
+  auto scheduler = schedulers::make_scheduler(pipe.scheduler_config, "ddim");
+  std::vector<DenoisingStep> steps;
+  GenerationHooks hooks;
+  hooks.on_step = [&](const DenoisingStep& s) { steps.push_back(s); };
+  txt2img(pipe, *scheduler, o, hooks);
+
+  std::vector<at::Generator> generators = image_generators(11, 2);
+  at::Tensor latents = randn_per_image(generators, {4, 16, 16});
+  auto replay = schedulers::make_scheduler(pipe.scheduler_config, "ddim");
+  replay->set_timesteps(3);
+  dynamic_cast<schedulers::DDIMScheduler&>(*replay).set_eta(0.5);
+  for (const DenoisingStep& s : steps) {
+    const auto halves = s.unet_output.chunk(2);
+    const at::Tensor guided = halves[0] + 7.5 * (halves[1] - halves[0]);
+    latents = replay->step(guided, s.timestep, latents, randn_per_image(generators, {4, 16, 16}));
+    EXPECT_TRUE(matches_golden("latents after step " + std::to_string(s.index), s.latents_after, latents, 1e-6));
+  }
+  // eta 0 is deterministic DDIM: the same run differs.
+  Txt2ImgOptions no_eta = o;
+  no_eta.eta = 0;
+  std::vector<DenoisingStep> plain;
+  hooks.on_step = [&](const DenoisingStep& s) { plain.push_back(s); };
+  txt2img(pipe, *scheduler, no_eta, hooks);
+  EXPECT_GT((plain.back().latents_after - steps.back().latents_after).abs().max().item<double>(), 1e-3);
 }
 
 TEST(Txt2Img, RejectsBadInput) {
@@ -205,6 +286,18 @@ TEST(Txt2Img, RejectsBadInput) {
   bad = o;
   bad.prompts.clear();
   EXPECT_NE(message(bad).find("no prompt"), std::string::npos);
+  bad = o;
+  bad.negative_prompts = {"a", "b"};
+  EXPECT_NE(message(bad).find("negative_prompt given 2 times for 1 prompts"), std::string::npos) << message(bad);
+  bad = o;
+  bad.eta = 0.5;  // the pipeline's PNDM has no eta
+  EXPECT_NE(message(bad).find("eta 0.5 needs the DDIM scheduler"), std::string::npos) << message(bad);
+  bad = o;
+  bad.guidance_rescale = 1.5;
+  EXPECT_NE(message(bad).find("guidance_rescale must be in [0, 1]"), std::string::npos) << message(bad);
+  bad = o;
+  bad.clip_skip = -1;
+  EXPECT_NE(message(bad).find("clip_skip must be >= 0"), std::string::npos) << message(bad);
   EXPECT_NE(error_message([&] {
               schedulers::make_scheduler(pipe.scheduler_config, "bogus");
             }).find("unknown scheduler \"bogus\""),

@@ -4,6 +4,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <fstream>
+#include <set>
 
 #include "core/error.h"
 #include "schedulers/ddim.h"
@@ -107,6 +108,45 @@ TEST(SchedulerConfigFixtures, ClassDefaultsApplyWhenTheFileOmitsAKey) {
   EXPECT_TRUE(make_scheduler(config_of(json::object()), "ddpm")->to_json()["clip_sample"].get<bool>());
 }
 
+// The keys diffusers 0.24's save_pretrained writes for the classes with no fixture file, with their defaults.
+TEST(SchedulerConfigFixtures, NewClassesSaveDiffusersKeys) {
+  const std::set<std::string> common = {"num_train_timesteps", "beta_start",        "beta_end",         "beta_schedule",
+                                        "trained_betas",       "prediction_type",   "timestep_spacing", "steps_offset",
+                                        "_class_name",         "_diffusers_version"};
+  auto keys_of = [](const json& j) {
+    std::set<std::string> keys;
+    for (auto it = j.begin(); it != j.end(); ++it) keys.insert(it.key());
+    return keys;
+  };
+  auto with_common = [&](std::set<std::string> extra) {
+    extra.insert(common.begin(), common.end());
+    return extra;
+  };
+  const json heun = make_scheduler(config_of(json::object()), "heun")->to_json();
+  EXPECT_EQ(keys_of(heun), with_common({"use_karras_sigmas", "clip_sample", "clip_sample_range"}));
+  // Heun alone defaults to SD's beta range.
+  EXPECT_EQ(heun["beta_start"], 0.00085);
+  EXPECT_EQ(heun["beta_end"], 0.012);
+  EXPECT_EQ(heun["clip_sample"], false);
+  const json lms = make_scheduler(config_of(json::object()), "lms")->to_json();
+  EXPECT_EQ(keys_of(lms), with_common({"use_karras_sigmas"}));
+  EXPECT_EQ(lms["beta_start"], 0.0001);
+  const json unipc = make_scheduler(config_of(json::object()), "unipc")->to_json();
+  EXPECT_EQ(keys_of(unipc),
+            with_common({"solver_order", "thresholding", "dynamic_thresholding_ratio", "sample_max_value", "predict_x0",
+                         "solver_type", "lower_order_final", "disable_corrector", "solver_p", "use_karras_sigmas"}));
+  EXPECT_EQ(unipc["solver_type"], "bh2");
+  EXPECT_EQ(unipc["predict_x0"], true);
+  EXPECT_EQ(unipc["disable_corrector"], json::array());
+  EXPECT_TRUE(unipc["solver_p"].is_null());
+  EXPECT_EQ(unipc["timestep_spacing"], "linspace");
+  // Each solver reads the other's solver_type names as its own default, as diffusers registers them.
+  EXPECT_EQ(make_scheduler(config_of({{"solver_type", "midpoint"}}), "unipc")->to_json()["solver_type"], "bh2");
+  EXPECT_EQ(make_scheduler(config_of({{"solver_type", "bh2"}}), "dpm")->to_json()["solver_type"], "midpoint");
+  // A Karras alias saves the option it switched on.
+  EXPECT_EQ(make_scheduler(config_of(sd_base()), "dpm++_karras")->to_json()["use_karras_sigmas"], true);
+}
+
 TEST(SchedulerConfigFixtures, PythonInfinityAndNaNTokens) {
   TempDir dir;
   const auto path = write_config(dir, R"({"_class_name": "DPMSolverMultistepScheduler", "_note": "NaN -Infinity",
@@ -139,7 +179,14 @@ TEST(SchedulerFactory, NamesAndAliases) {
                                                        {"dpm", "DPMSolverMultistepScheduler"},
                                                        {"dpmsolver++", "DPMSolverMultistepScheduler"},
                                                        {"DPM++", "DPMSolverMultistepScheduler"},
-                                                       {"DPMSolverMultistepScheduler", "DPMSolverMultistepScheduler"}};
+                                                       {"DPMSolverMultistepScheduler", "DPMSolverMultistepScheduler"},
+                                                       {"dpm++_2m_karras", "DPMSolverMultistepScheduler"},
+                                                       {"DPM++-Karras", "DPMSolverMultistepScheduler"},
+                                                       {"heun", "HeunDiscreteScheduler"},
+                                                       {"lms", "LMSDiscreteScheduler"},
+                                                       {"LMSDiscreteScheduler", "LMSDiscreteScheduler"},
+                                                       {"unipc", "UniPCMultistepScheduler"},
+                                                       {"euler_karras", "EulerDiscreteScheduler"}};
   for (const auto& [name, cls] : expected) {
     EXPECT_EQ(canonical_scheduler_name(name), cls) << name;
     EXPECT_EQ(make_scheduler(config_of(sd_base()), name)->class_name(), cls) << name;
@@ -147,24 +194,24 @@ TEST(SchedulerFactory, NamesAndAliases) {
 }
 
 TEST(SchedulerErrors, UnknownNameListsTheValidOnes) {
-  const std::string msg = error_of([] { make_scheduler(config_of(sd_base()), std::string("lms")); });
-  EXPECT_NE(msg.find("\"lms\""), std::string::npos) << msg;
-  for (const char* valid : {"PNDMScheduler", "DPMSolverMultistepScheduler", "euler_a", "ddim"})
+  const std::string msg = error_of([] { make_scheduler(config_of(sd_base()), std::string("k_dpm_2")); });
+  EXPECT_NE(msg.find("\"k_dpm_2\""), std::string::npos) << msg;
+  for (const char* valid : {"PNDMScheduler", "DPMSolverMultistepScheduler", "euler_a", "ddim", "unipc", "heun"})
     EXPECT_NE(msg.find(valid), std::string::npos) << msg;
 
   TempDir dir;
-  const auto path = write_config(dir, R"({"_class_name": "LMSDiscreteScheduler"})");
+  const auto path = write_config(dir, R"({"_class_name": "KDPM2DiscreteScheduler"})");
   const std::string file_msg = error_of([&] { load_scheduler(path); });
   EXPECT_NE(file_msg.find(path), std::string::npos) << file_msg;
   EXPECT_NE(file_msg.find("_class_name"), std::string::npos) << file_msg;
-  EXPECT_NE(file_msg.find("LMSDiscreteScheduler"), std::string::npos) << file_msg;
+  EXPECT_NE(file_msg.find("KDPM2DiscreteScheduler"), std::string::npos) << file_msg;
 
   const std::string none = error_of([] { make_scheduler(config_of(sd_base())); });
   EXPECT_NE(none.find("_class_name"), std::string::npos) << none;
 }
 
 TEST(SchedulerErrors, StepsBelowOneOrAboveTraining) {
-  for (const auto& name : {"ddpm", "ddim", "pndm", "euler", "euler_a", "dpm"}) {
+  for (const auto& name : {"ddpm", "ddim", "pndm", "euler", "euler_a", "dpm", "heun", "lms", "unipc"}) {
     SCOPED_TRACE(name);
     auto sched = make_scheduler(config_of(sd_base()), std::string(name));
     for (int bad : {0, -3, 1001}) {
@@ -196,11 +243,15 @@ TEST(SchedulerErrors, BadValuesNameTheFileAndKey) {
       {R"({"_class_name": "PNDMScheduler", "prediction_type": "sample"})", "prediction_type", "sample"},
       {R"({"_class_name": "EulerAncestralDiscreteScheduler", "prediction_type": "sample"})", "prediction_type",
        "sample"},
-      {R"({"_class_name": "EulerDiscreteScheduler", "use_karras_sigmas": true})", "use_karras_sigmas", "Karras"},
       {R"({"_class_name": "EulerDiscreteScheduler", "interpolation_type": "cubic"})", "interpolation_type", "cubic"},
       {R"({"_class_name": "EulerDiscreteScheduler", "rescale_betas_zero_snr": true})", "rescale_betas_zero_snr",
        "Euler"},
-      {R"({"_class_name": "DPMSolverMultistepScheduler", "use_karras_sigmas": true})", "use_karras_sigmas", "Karras"},
+      {R"({"_class_name": "UniPCMultistepScheduler", "solver_type": "rk4"})", "solver_type", "bh1 or bh2"},
+      {R"({"_class_name": "UniPCMultistepScheduler", "solver_p": {"x": 1}})", "solver_p", "null"},
+      {R"({"_class_name": "UniPCMultistepScheduler", "solver_order": 0})", "solver_order", ">= 1"},
+      {R"({"_class_name": "UniPCMultistepScheduler", "disable_corrector": "all"})", "disable_corrector", "list"},
+      {R"({"_class_name": "HeunDiscreteScheduler", "rescale_betas_zero_snr": true})", "rescale_betas_zero_snr",
+       "HeunDiscreteScheduler"},
       {R"({"_class_name": "DPMSolverMultistepScheduler", "algorithm_type": "unipc"})", "algorithm_type", "unipc"},
       {R"({"_class_name": "DPMSolverMultistepScheduler", "solver_type": "rk4"})", "solver_type", "rk4"},
       {R"({"_class_name": "DPMSolverMultistepScheduler", "solver_order": 4})", "solver_order", "4"},
@@ -337,7 +388,16 @@ INSTANTIATE_TEST_SUITE_P(
         PerfectModelCase{"dpm", {{"algorithm_type", "dpmsolver"}}},
         PerfectModelCase{"dpm", {{"algorithm_type", "dpmsolver"}, {"solver_order", 3}}},
         PerfectModelCase{"dpm", {{"algorithm_type", "dpmsolver"}, {"solver_type", "heun"}}},
-        PerfectModelCase{"dpm", {{"prediction_type", "sample"}}}));
+        PerfectModelCase{"dpm", {{"prediction_type", "sample"}}},
+        PerfectModelCase{"dpm", {{"use_karras_sigmas", true}}},
+        PerfectModelCase{"euler", {{"use_karras_sigmas", true}}}, PerfectModelCase{"heun", json::object()},
+        PerfectModelCase{"heun", {{"prediction_type", "v_prediction"}}},
+        PerfectModelCase{"heun", {{"use_karras_sigmas", true}}}, PerfectModelCase{"lms", json::object()},
+        PerfectModelCase{"lms", {{"prediction_type", "v_prediction"}}},
+        PerfectModelCase{"lms", {{"use_karras_sigmas", true}}}, PerfectModelCase{"unipc", json::object()},
+        PerfectModelCase{"unipc", {{"prediction_type", "v_prediction"}}},
+        PerfectModelCase{"unipc", {{"use_karras_sigmas", true}}}, PerfectModelCase{"unipc", {{"solver_order", 3}}},
+        PerfectModelCase{"unipc", {{"solver_type", "bh1"}}}, PerfectModelCase{"unipc", {{"predict_x0", false}}}));
 
 TEST(SchedulerTables, PrkWarmupTable) {
   // diffusers' PRK table for n = 10, leading + offset 1: the last four base steps with half-step midpoints,
