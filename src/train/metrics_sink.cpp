@@ -4,16 +4,18 @@
 
 namespace sd::train {
 
-ReportTo parse_report_to(const std::string& value) {
-  if (value == "tensorboard") return {true, false};
-  if (value == "jsonl") return {false, true};
-  if (value == "all") return {true, true};
-  fail("--report_to {}: expected tensorboard, jsonl or all", value);
+bool reports_to_tensorboard(const std::string& report_to) {
+  if (report_to == "tensorboard" || report_to == "all") return true;
+  if (report_to == "jsonl") return false;
+  fail("--report_to {}: expected tensorboard, jsonl or all (sdtrain writes files only; wandb and comet need "
+       "their Python clients)",
+       report_to);
 }
 
-MetricsSink::MetricsSink(const std::filesystem::path& logging_dir, ReportTo report_to) {
-  if (report_to.jsonl) jsonl_ = MetricsLog(logging_dir / "metrics.jsonl");
-  if (report_to.tensorboard) tensorboard_.emplace(logging_dir);
+MetricsSink::MetricsSink(const std::filesystem::path& logging_dir, const std::string& report_to,
+                         int64_t resumed_step)
+    : jsonl_(logging_dir / "metrics.jsonl", resumed_step) {
+  if (reports_to_tensorboard(report_to)) tensorboard_.emplace(logging_dir);
 }
 
 void MetricsSink::log_step(const nlohmann::json& record) {

@@ -11,6 +11,8 @@
 
 #include "core/error.h"
 #include "io/atomic_file.h"
+#include "io/image.h"
+#include "process_util.h"
 #include "tensorboard_event.pb.h"
 #include "test_util.h"
 #include "train/metrics_sink.h"
@@ -198,36 +200,93 @@ fs::path only_event_file(const fs::path& dir) {
   return found.empty() ? fs::path() : found[0];
 }
 
-TEST(MetricsSink, ReportToAllWritesBothJsonLinesAndTensorBoard) {
-  sd::test::TempDir dir;
-  {
-    MetricsSink sink(dir.path() / "logs", parse_report_to("all"));
-    sink.log_step({{"step", 1}, {"loss", 0.75}});
-    sink.log_validation_images(1, {io::RgbImage{2, 2, std::vector<uint8_t>(12, 200)}});
+TEST(MetricsSink, TensorBoardAddsEventFilesBesideMetricsJsonl) {
+  for (const char* report_to : {"tensorboard", "all"}) {
+    sd::test::TempDir dir;
+    {
+      MetricsSink sink(dir.path() / "logs", report_to, 0);
+      sink.log_step({{"step", 1}, {"loss", 0.75}});
+      sink.log_validation_images(1, {io::RgbImage{2, 2, std::vector<uint8_t>(12, 200)}});
+    }
+    EXPECT_EQ(io::read_text_file(dir.path() / "logs" / "metrics.jsonl"), R"({"loss":0.75,"step":1})"
+                                                                         "\n");
+    std::set<std::string> tags;
+    for (const auto& logged : read_values(only_event_file(dir.path() / "logs"))) tags.insert(logged.value.tag());
+    EXPECT_EQ(tags, (std::set<std::string>{"train/loss", "validation/0"})) << report_to;
   }
-  EXPECT_EQ(io::read_text_file(dir.path() / "logs" / "metrics.jsonl"), R"({"loss":0.75,"step":1})"
-                                                                       "\n");
-  std::set<std::string> tags;
-  for (const auto& logged : read_values(only_event_file(dir.path() / "logs"))) tags.insert(logged.value.tag());
-  EXPECT_EQ(tags, (std::set<std::string>{"train/loss", "validation/0"}));
 }
 
-TEST(MetricsSink, EachReportToWritesOnlyItsOwn) {
-  sd::test::TempDir jsonl_dir, tensorboard_dir;
-  MetricsSink(jsonl_dir.path(), parse_report_to("jsonl")).log_step({{"step", 1}, {"loss", 0.5}});
-  EXPECT_EQ(std::distance(fs::directory_iterator(jsonl_dir.path()), fs::directory_iterator()), 1);
-  EXPECT_TRUE(fs::exists(jsonl_dir.path() / "metrics.jsonl"));
-  MetricsSink(tensorboard_dir.path(), parse_report_to("tensorboard")).log_step({{"step", 1}, {"loss", 0.5}});
-  EXPECT_FALSE(fs::exists(tensorboard_dir.path() / "metrics.jsonl"));
-  EXPECT_EQ(read_values(only_event_file(tensorboard_dir.path())).size(), 1u);
+TEST(MetricsSink, JsonlWritesOnlyMetricsJsonl) {
+  sd::test::TempDir dir;
+  MetricsSink(dir.path(), "jsonl", 0).log_step({{"step", 1}, {"loss", 0.5}});
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator()), 1);
+  EXPECT_TRUE(fs::exists(dir.path() / "metrics.jsonl"));
 }
 
 TEST(MetricsSink, UnknownReportToNamesTheFlag) {
   try {
-    parse_report_to("wandb");
+    reports_to_tensorboard("wandb");
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_EQ(std::string(e.what()), "--report_to wandb: expected tensorboard, jsonl or all");
+    EXPECT_EQ(std::string(e.what()),
+              "--report_to wandb: expected tensorboard, jsonl or all (sdtrain writes files only; wandb and comet need "
+              "their Python clients)");
+  }
+}
+
+// The file a real run writes: a tiny UNet training with validation after each of its 2 epochs. Every number of
+// metrics.jsonl is in the event file at its step (as float32), and the images are the validation PNGs' pixels.
+TEST(TensorBoard, TrainingRunEventsMatchMetricsAndValidationImages) {
+  using namespace std::chrono_literals;
+  sd::test::TempDir dir;
+  sd::test::write_captioned_images(dir.path() / "data", 2);
+  const fs::path out = dir.path() / "out";
+  auto run = sd::test::run_process(
+      {sd::test::sdtrain_binary(), "train",
+       "--pretrained_model_name_or_path=" + (sd::test::fixtures() / "tiny-sd1").string(),
+       "--train_data_dir=" + (dir.path() / "data").string(), "--resolution=32", "--train_batch_size=1",
+       "--num_train_epochs=2", "--validation_epochs=1", "--validation_prompts", "a pattern", "--seed=4", "--threads=1",
+       "--output_dir=" + out.string()},
+      300s);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+
+  std::map<std::pair<int64_t, std::string>, float> logged;
+  std::map<std::pair<int64_t, std::string>, tensorboard::Summary::Image> images;
+  for (const auto& [step, value] : read_values(only_event_file(out / "logs"))) {
+    if (value.has_image()) images[{step, value.tag()}] = value.image();
+    else logged[{step, value.tag()}] = value.simple_value();
+  }
+  std::istringstream lines(io::read_text_file(out / "logs" / "metrics.jsonl"));
+  std::string line;
+  int64_t steps = 0;
+  while (std::getline(lines, line)) {
+    const nlohmann::json record = nlohmann::json::parse(line);
+    const int64_t step = record.at("step");
+    for (const auto& [key, value] : record.items()) {
+      if (key == "step" || !value.is_number()) continue;
+      const bool speed = key == "step_time_s" || key == "images_per_s" || key == "data_wait_s";
+      const auto found = logged.find({step, (speed ? "speed/" : "train/") + key});
+      ASSERT_NE(found, logged.end()) << key << " at step " << step;
+      EXPECT_EQ(found->second, static_cast<float>(value.get<double>())) << key << " at step " << step;
+    }
+    ++steps;
+  }
+  EXPECT_EQ(steps, 4);
+  EXPECT_EQ(logged.size(), static_cast<size_t>(steps) * 7);  // loss lr grad_norm epoch step_time images/s data_wait
+
+  ASSERT_EQ(images.size(), 2u);  // after epoch 1 (step 2) and epoch 2 (step 4)
+  for (const auto& [where, image] : images) {
+    const io::RgbImage png = io::load_image_rgb(out / "validation" / fmt::format("step-{}-0.png", where.first));
+    const std::string& encoded = image.encoded_image_string();
+    int width = 0, height = 0, channels = 0;
+    uint8_t* decoded = stbi_load_from_memory(reinterpret_cast<const stbi_uc*>(encoded.data()),
+                                             static_cast<int>(encoded.size()), &width, &height, &channels, 3);
+    ASSERT_NE(decoded, nullptr);
+    EXPECT_EQ(where.second, "validation/0");
+    EXPECT_EQ(width, png.width);
+    EXPECT_EQ(height, png.height);
+    EXPECT_EQ(std::vector<uint8_t>(decoded, decoded + png.pixels.size()), png.pixels) << "step " << where.first;
+    stbi_image_free(decoded);
   }
 }
 
