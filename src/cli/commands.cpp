@@ -13,6 +13,7 @@ void add_train(CLI::App& app, std::function<int()>& chosen);
 void add_launch(CLI::App& app, std::function<int()>& chosen);
 void add_dist_check(CLI::App& app, std::function<int()>& chosen);
 void add_benchmark(CLI::App& app, std::function<int()>& chosen);
+void add_report(CLI::App& app, std::function<int()>& chosen);
 
 int run(int argc, char** argv) {
   CLI::App app{"sdtrain: train and run Stable Diffusion (diffusers layout), natively"};
@@ -31,6 +32,7 @@ int run(int argc, char** argv) {
   add_launch(app, chosen);
   add_dist_check(app, chosen);
   add_benchmark(app, chosen);
+  add_report(app, chosen);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -4,6 +4,7 @@
 #include <ctime>
 
 #include "cli/flags.h"
+#include "train/metrics_sink.h"
 
 namespace sd::cli {
 
@@ -75,7 +76,14 @@ void add_trainer_flags(CLI::App* cmd, train::TrainerOptions& o) {
       ->group(outputs);
   flag(cmd, "--resume_from_checkpoint", o.resume_from_checkpoint, "A checkpoint-N folder, or 'latest'")->group(outputs);
   flag(cmd, "--logging_dir", o.logging_dir, "Metrics folder, relative to --output_dir")->group(outputs);
-  flag(cmd, "--report_to", o.report_to, "Where metrics go; sdtrain writes JSON lines to --logging_dir")->group(outputs);
+  flag(cmd, "--report_to", o.report_to,
+       "tensorboard: event files in --logging_dir beside metrics.jsonl (always written); jsonl: metrics.jsonl only; "
+       "all: both")
+      ->check([](const std::string& value) {
+        train::reports_to_tensorboard(value);  // throws the one-line error for anything else
+        return std::string();
+      })
+      ->group(outputs);
 
   const std::string run = "Precision, randomness and ranks";
   flag(cmd, "--mixed_precision", o.mixed_precision,

@@ -60,9 +60,10 @@ class Task {
   virtual void after_step(const StepReport& report) {}
   // Main rank, after every step: the task's own periodic outputs (e.g. learned_embeds-steps-N).
   virtual void periodic_outputs(int64_t step) {}
-  // Main rank: whether to validate after `step`, and doing it (the model holds the weights to validate).
+  // Main rank: whether to validate after `step`, and the validation images ([N, H, W, 3] uint8; the model holds the
+  // weights to validate). The trainer saves them as validation/step-N-i.png and logs them.
   virtual bool wants_validation(int64_t step, bool last_step) const { return false; }
-  virtual void validate(int64_t step) {}
+  virtual at::Tensor validation_images(int64_t step) { return {}; }
   // Main rank, once training is done: the final outputs from whole float32 tensors by name (`ema`: empty without
   // an EMA). Returns the path to announce on stdout.
   virtual std::filesystem::path export_final(const io::TensorMap& weights, const io::TensorMap& ema) = 0;

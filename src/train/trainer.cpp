@@ -16,7 +16,9 @@
 #include "dist/signals.h"
 #include "dist/threads.h"
 #include "io/atomic_file.h"
+#include "io/image.h"
 #include "io/json_config.h"
+#include "pipeline/txt2img.h"
 #include "train/checkpoints.h"
 #include "train/run_agreement.h"
 
@@ -161,7 +163,7 @@ void Trainer::resume_and_open_outputs() {
   }
   if (!is_main()) return;
   fs::create_directories(output_dir_);
-  metrics_ = MetricsLog(output_dir_ / options_.logging_dir / "metrics.jsonl", state_.step);
+  metrics_ = MetricsSink(output_dir_ / options_.logging_dir, options_.report_to, state_.step);
   json run = options_.run_info;
   run["world_size"] = context_.layout.world;
   io::write_text_file(output_dir_ / options_.logging_dir / "run.json", run.dump(2) + "\n");
@@ -215,7 +217,7 @@ void Trainer::record(const StepReport& r, double seconds) {
   if (steps_per_epoch_ > 0) line["epoch"] = (r.step - 1) / steps_per_epoch_;
   if (params_->has_ema()) line["ema_decay"] = r.ema_decay;
   line.update(task_.step_metrics());
-  metrics_.write(line);
+  metrics_.log_step(line);
 }
 
 int Trainer::run() {
@@ -256,8 +258,17 @@ void Trainer::validate(const StepReport& report) {
   // As diffusers' scripts: validation images come from the EMA weights when there are some.
   std::unique_ptr<TrainableParameters::ComputeSwap> ema;
   if (params_->has_ema()) ema = params_->swap_in_ema();
-  if (is_main()) task_.validate(report.step);
+  if (is_main()) save_validation_images(report.step, task_.validation_images(report.step));
   context_.comm->barrier();
+}
+
+void Trainer::save_validation_images(int64_t step, const at::Tensor& images) {
+  std::vector<io::RgbImage> rgb;
+  for (int64_t i = 0; i < images.size(0); ++i) {
+    rgb.push_back(pipeline::to_rgb_image(images[i]));
+    io::save_png(output_dir_ / "validation" / fmt::format("step-{}-{}.png", step, i), rgb.back());
+  }
+  metrics_.log_validation_images(step, rgb);
 }
 
 fs::path Trainer::export_final() {

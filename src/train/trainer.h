@@ -20,7 +20,7 @@
 #include "train/adamw.h"
 #include "train/ema.h"
 #include "train/lr_schedule.h"
-#include "train/metrics_log.h"
+#include "train/metrics_sink.h"
 #include "train/precision.h"
 #include "train/task.h"
 #include "train/trainable_parameters.h"
@@ -113,6 +113,8 @@ class Trainer {
   void save_checkpoint();
   void resume_from(const std::filesystem::path& checkpoint);
   void validate(const StepReport& report);
+  // validation/step-N-i.png, and the same images in the metrics (TensorBoard).
+  void save_validation_images(int64_t step, const at::Tensor& images);
   std::filesystem::path export_final();
   bool is_main() const { return context_.is_main(); }
 
@@ -126,7 +128,7 @@ class Trainer {
   double base_lr_ = 0;
   int64_t max_steps_ = 0;
   int64_t steps_per_epoch_ = 0;
-  MetricsLog metrics_;
+  MetricsSink metrics_;
 };
 
 // Starts the run, builds the task from `options` (whose .training are the engine's flags) and trains it; returns the

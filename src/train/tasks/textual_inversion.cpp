@@ -72,7 +72,7 @@ class TextualInversionTask : public Task {
   bool wants_validation(int64_t step, bool last_step) const override {
     return !o_.validation_prompt.empty() && step % o_.validation_steps == 0;
   }
-  void validate(int64_t step) override;
+  at::Tensor validation_images(int64_t step) override;
   fs::path export_final(const io::TensorMap& weights, const io::TensorMap& ema) override;
 
  private:
@@ -199,7 +199,7 @@ void TextualInversionTask::write_rows_into_text_encoder(const at::Tensor& rows) 
   pipe_->text_encoder->token_embedding()->weight.narrow(0, first_placeholder_, o_.num_vectors).copy_(rows);
 }
 
-void TextualInversionTask::validate(int64_t step) {
+void TextualInversionTask::validation_images(int64_t step) {
   // As the reference's log_validation: DPM-Solver++ from the pipeline's scheduler config, 25 steps, the run's seed.
   write_rows_into_text_encoder(learned_.detach());
   auto scheduler = schedulers::make_scheduler(pipe_->scheduler_config, "DPMSolverMultistepScheduler");
@@ -209,10 +209,7 @@ void TextualInversionTask::validate(int64_t step) {
   options.num_images_per_prompt = o_.num_validation_images;
   options.seed = context_.seed;
   options.height = options.width = o_.resolution;
-  const at::Tensor images = pipeline::txt2img(*pipe_, *scheduler, options).images_uint8;
-  for (int64_t i = 0; i < images.size(0); ++i)
-    io::save_png(output_dir_ / "validation" / fmt::format("step-{}-{}.png", step, i),
-                 pipeline::to_rgb_image(images[i]));
+  return pipeline::txt2img(*pipe_, *scheduler, options).images_uint8;
 }
 
 void TextualInversionTask::save_full_pipeline() {

@@ -68,7 +68,7 @@ class UNetTrainingTask : public Task {
   void write_checkpoint_extras(const fs::path& dir) override;
   void after_step(const StepReport& report) override;
   bool wants_validation(int64_t step, bool last_step) const override;
-  void validate(int64_t step) override;
+  at::Tensor validation_images(int64_t step) override;
   fs::path export_final(const io::TensorMap& weights, const io::TensorMap& ema) override;
   json step_metrics() override { return {{"data_wait_s", source_->take_wait_seconds()}}; }
 
@@ -265,7 +265,7 @@ bool UNetTrainingTask::wants_validation(int64_t step, bool last_step) const {
   return epoch_end && ((step - 1) / steps_per_epoch_) % o_.validation_epochs == 0;
 }
 
-void UNetTrainingTask::validate(int64_t step) {
+void UNetTrainingTask::validation_images(int64_t step) {
   // As the script's log_validation: the pipeline's own scheduler, 20 steps, its default size; image i of the
   // prompts uses seed + i (diffusers draws them one after another from one generator seeded with the seed).
   pipe_->unet->eval();
@@ -275,10 +275,8 @@ void UNetTrainingTask::validate(int64_t step) {
   options.num_inference_steps = 20;
   options.seed = context_.seed;
   const at::Tensor images = pipeline::txt2img(*pipe_, *scheduler, options).images_uint8;
-  for (int64_t i = 0; i < images.size(0); ++i)
-    io::save_png(output_dir_ / "validation" / fmt::format("step-{}-{}.png", step, i),
-                 pipeline::to_rgb_image(images[i]));
   pipe_->unet->train();
+  return images;
 }
 
 void UNetTrainingTask::write_replay_record(const io::TensorMap& weights, const io::TensorMap& ema) const {
