@@ -199,7 +199,7 @@ void TextualInversionTask::write_rows_into_text_encoder(const at::Tensor& rows) 
   pipe_->text_encoder->token_embedding()->weight.narrow(0, first_placeholder_, o_.num_vectors).copy_(rows);
 }
 
-void TextualInversionTask::validation_images(int64_t step) {
+at::Tensor TextualInversionTask::validation_images(int64_t step) {
   // As the reference's log_validation: DPM-Solver++ from the pipeline's scheduler config, 25 steps, the run's seed.
   write_rows_into_text_encoder(learned_.detach());
   auto scheduler = schedulers::make_scheduler(pipe_->scheduler_config, "DPMSolverMultistepScheduler");

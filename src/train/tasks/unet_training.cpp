@@ -265,7 +265,7 @@ bool UNetTrainingTask::wants_validation(int64_t step, bool last_step) const {
   return epoch_end && ((step - 1) / steps_per_epoch_) % o_.validation_epochs == 0;
 }
 
-void UNetTrainingTask::validation_images(int64_t step) {
+at::Tensor UNetTrainingTask::validation_images(int64_t step) {
   // As the script's log_validation: the pipeline's own scheduler, 20 steps, its default size; image i of the
   // prompts uses seed + i (diffusers draws them one after another from one generator seeded with the seed).
   pipe_->unet->eval();
