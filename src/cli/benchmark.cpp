@@ -29,7 +29,7 @@
 #include "schedulers/factory.h"
 #include "train/precision.h"
 #include "train/tasks/textual_inversion.h"
-#include "train/tasks/unet_training.h"
+#include "train/tasks/lora_training.h"
 
 namespace sd::cli {
 
@@ -49,6 +49,7 @@ struct BenchmarkOptions {
   int warmup = 2;
   std::string sharding = "no_shard";
   bool gradient_checkpointing = false;
+  std::optional<int64_t> lora_rank;  // unet: train LoRA adapters of this rank instead of the whole UNet
   std::string data = "latents";
   int num_inference_steps = 10;
   bool profile = true;
@@ -123,18 +124,21 @@ train::TrainerOptions trainer_options(const BenchmarkOptions& o, StepMeter& mete
 
 void measure_unet_training(const BenchmarkOptions& o, const fs::path& model, Measurement& m) {
   StepMeter meter(o, m);
-  train::UNetTrainingOptions u;
+  train::LoraTrainingOptions u;  // the UNet options, plus LoRA's for --lora_rank
   u.training = trainer_options(o, meter);
   u.pretrained_model_name_or_path = model.string();
   u.synthetic_data = o.data;
   u.synthetic_samples = 1 << 20;
   u.resolution = o.resolution;
   u.gradient_checkpointing = o.gradient_checkpointing;
-  SD_CHECK(train::run_unet_training(u) == 0, "the benchmark's training run failed");
+  if (o.lora_rank) u.lora_rank = *o.lora_rank;
+  SD_CHECK((o.lora_rank ? train::run_lora_training(u) : train::run_unet_training(u)) == 0,
+           "the benchmark's training run failed");
   const models::UNetConfig config = models::UNetConfig::load((model / "unet" / "config.json").string());
   const int64_t latent = o.resolution / 8;
-  // Forward, then backward for activations and for weights: 3x the forward.
-  m.flops_per_step = 3 * models::count_forward_flops(config, o.train_batch_size, latent, latent);
+  // Forward, then backward for activations and (full training) for weights: 3x the forward. A LoRA step skips the
+  // frozen weights' gradients (2x); the adapters' own work is well under 1% of it.
+  m.flops_per_step = (o.lora_rank ? 2 : 3) * models::count_forward_flops(config, o.train_batch_size, latent, latent);
 }
 
 void measure_textual_inversion(const BenchmarkOptions& o, const fs::path& model, const fs::path& work, Measurement& m) {
@@ -202,6 +206,7 @@ int run_benchmark(BenchmarkOptions o) {
   pipeline::check_pipeline_layout(model);
   const fs::path work = fs::temp_directory_path() / fmt::format("sdtrain-benchmark-{}", getpid());
   Measurement m;
+  SD_CHECK(!o.lora_rank || o.task == "unet", "--lora_rank is for --task unet, not {}", o.task);
   if (o.task == "unet")
     measure_unet_training(o, model, m);
   else if (o.task == "textual-inversion")
@@ -210,7 +215,8 @@ int run_benchmark(BenchmarkOptions o) {
     measure_generation(o, model, m);
   fs::remove_all(work);
   SD_CHECK(!m.step_seconds.empty(), "no step was measured");
-  if (o.task == "unet" && dist::detect_dist_env().rank == 0)
+  // (MosaicML's line counts the whole UNet as trainable; a LoRA run logs its own count instead.)
+  if (o.task == "unet" && !o.lora_rank && dist::detect_dist_env().rank == 0)
     std::printf("%s\n", pipeline::parameter_line(pipeline::summarize_components(model)).c_str());
 
   // Generation runs in one process; training on every rank the launcher started.
@@ -225,6 +231,7 @@ int run_benchmark(BenchmarkOptions o) {
   const train::PrecisionPolicy precision = train::PrecisionPolicy::from_flag(o.mixed_precision);
   const double compute_peak = precision.compute == at::kBFloat16 ? bf16_peak : fp32_peak;
   json line = {{"task", o.task},
+               {"lora_rank", o.lora_rank ? json(*o.lora_rank) : json()},
                {"model", o.model.empty() ? o.preset : o.model},
                {"resolution", o.resolution},
                {"train_batch_size", o.train_batch_size},
@@ -281,6 +288,9 @@ void add_benchmark(CLI::App& app, std::function<int()>& chosen) {
   flag(cmd, "--sharding", o->sharding, "no_shard or shard_grad_op (training)")
       ->check(CLI::IsMember({"no_shard", "shard_grad_op"}));
   switch_flag(cmd, "--gradient_checkpointing", o->gradient_checkpointing, "Recompute activations in backward");
+  flag(cmd, "--lora_rank", o->lora_rank,
+       "unet: train LoRA adapters of this rank (diffusers' defaults) instead of the UNet")
+      ->check(CLI::PositiveNumber);
   flag(cmd, "--data", o->data, "unet: latents (the UNet alone) or images (VAE and text encoder too, on random images)")
       ->check(CLI::IsMember({"latents", "images"}));
   flag(cmd, "--num_inference_steps", o->num_inference_steps, "generate: denoising steps")->check(CLI::PositiveNumber);

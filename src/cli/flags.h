@@ -16,8 +16,8 @@ CLI::Option* flag(CLI::App* app, const std::string& name, T& value, const std::s
 }
 
 // A repeatable flag: each occurrence takes exactly one value (`--x a --x b`), so it never swallows positionals.
-inline CLI::Option* repeated_flag(CLI::App* app, const std::string& name, std::vector<std::string>& values,
-                                  const std::string& help) {
+template <typename T>
+CLI::Option* repeated_flag(CLI::App* app, const std::string& name, std::vector<T>& values, const std::string& help) {
   return app->add_option(flag_names(name), values, help)
       ->allow_extra_args(false)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);

@@ -1,16 +1,18 @@
 // `sdtrain train`: full UNet training with the flags of diffusers' examples/text_to_image/train_text_to_image.py,
-// same names and defaults, plus the data and initialisation options of the MosaicML and Ray/Anyscale recipes
-// (synthetic data, UNet from scratch, a global batch) and a reference-run replay.
+// same names and defaults, or with --lora_rank LoRA training as train_text_to_image_lora.py does it, plus the data and
+// initialisation options of the MosaicML and Ray/Anyscale recipes (synthetic data, UNet from scratch, a global batch)
+// and a reference-run replay.
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "cli/training_flags.h"
-#include "train/tasks/unet_training.h"
+#include "train/tasks/lora_training.h"
 
 namespace sd::cli {
 
 void add_train(CLI::App& app, std::function<int()>& chosen) {
   auto* cmd = app.add_subcommand("train", "Train the UNet of a Stable Diffusion pipeline (fine-tune or from scratch)");
-  auto o = std::make_shared<train::UNetTrainingOptions>();
+  // The UNet options plus LoRA's; --lora_rank chooses which training runs.
+  auto o = std::make_shared<train::LoraTrainingOptions>();
 
   const std::string model = "Model";
   flag(cmd, "--pretrained_model_name_or_path", o->pretrained_model_name_or_path,
@@ -73,6 +75,31 @@ void add_train(CLI::App& app, std::function<int()>& chosen) {
       ->check(CLI::PositiveNumber)
       ->group(validation);
 
+  const std::string lora = "LoRA (diffusers' train_text_to_image_lora.py; see docs/lora.md)";
+  auto* lora_rank = cmd->add_option(flag_names("--lora_rank"), o->lora_rank,
+                                    "Train LoRA adapters of this rank (the LoRA script's default: 4) on a frozen UNet "
+                                    "instead of the whole UNet")
+                        ->check(CLI::PositiveNumber)
+                        ->group(lora);
+  flag(cmd, "--lora_alpha", o->lora_alpha, "Adapter outputs are scaled by alpha / rank (default: alpha = rank)")
+      ->needs(lora_rank)
+      ->group(lora);
+  flag(cmd, "--lora_target_modules", o->lora_target_modules,
+       "Comma-separated layer names to adapt, matched by the end of their module path as peft does (e.g. to_q, "
+       "attn2.to_k, proj_in, conv1 for LoCon)")
+      ->delimiter(',')
+      ->needs(lora_rank)
+      ->group(lora);
+  switch_flag(cmd, "--train_text_encoder_lora", o->train_text_encoder_lora,
+              "Also adapt the text encoder's q_proj, k_proj, v_proj and out_proj")
+      ->needs(lora_rank)
+      ->group(lora);
+  flag(cmd, "--lora_format", o->lora_format,
+       "diffusers: pytorch_lora_weights.safetensors only; kohya: also <output_dir name>.safetensors for A1111/kohya")
+      ->check(CLI::IsMember({"diffusers", "kohya"}))
+      ->needs(lora_rank)
+      ->group(lora);
+
   add_trainer_flags(cmd, o->training);
   add_python_only_training_flags(cmd);
   accepted_python_flag(cmd, "--revision", true, "sdtrain reads local folders only; ignored");
@@ -93,9 +120,14 @@ void add_train(CLI::App& app, std::function<int()>& chosen) {
       });
   accepted_python_flag(cmd, "--dataset_config_name", true, "only with --dataset_name, which sdtrain does not take");
 
-  cmd->callback([cmd, o, &chosen] {
+  cmd->callback([cmd, o, lora_rank, &chosen] {
     record_command_line(cmd, o->training);
-    chosen = [o] { return train::run_unet_training(*o); };
+    if (lora_rank->count() == 0) {
+      chosen = [o] { return train::run_unet_training(*o); };
+      return;
+    }
+    if (cmd->get_option("--output_dir")->count() == 0) o->training.output_dir = "sd-model-finetuned-lora";
+    chosen = [o] { return train::run_lora_training(*o); };
   });
 }
 

@@ -17,6 +17,7 @@ enum class Stream : uint64_t {
   kNoiseOffset = 7,
   kPerturbation = 8,
   kSynthetic = 9,  // synthetic samples, keyed by their index
+  kLoraInit = 10,  // a LoRA adapter's initial down weight, keyed by the adapted layer's index
 };
 
 // A CPU generator seeded from a hash of all four numbers.

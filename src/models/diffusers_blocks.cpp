@@ -98,15 +98,12 @@ at::Tensor scaled_attention(const at::Tensor& q_in, const at::Tensor& k_in, cons
 
 ResnetBlock2DImpl::ResnetBlock2DImpl(const ResnetBlock2DOptions& o) : options_(o) {
   norm1 = register_module("norm1", nn::GroupNorm(nn::GroupNormOptions(o.groups, o.in_channels).eps(o.eps)));
-  conv1 =
-      register_module("conv1", nn::Conv2d(nn::Conv2dOptions(o.in_channels, o.out_channels, 3).stride(1).padding(1)));
-  if (o.temb_channels > 0)
-    time_emb_proj = register_module("time_emb_proj", nn::Linear(o.temb_channels, o.out_channels));
+  conv1 = register_module("conv1", Conv2d(nn::Conv2dOptions(o.in_channels, o.out_channels, 3).stride(1).padding(1)));
+  if (o.temb_channels > 0) time_emb_proj = register_module("time_emb_proj", Linear(o.temb_channels, o.out_channels));
   norm2 = register_module("norm2", nn::GroupNorm(nn::GroupNormOptions(o.groups, o.out_channels).eps(o.eps)));
-  conv2 =
-      register_module("conv2", nn::Conv2d(nn::Conv2dOptions(o.out_channels, o.out_channels, 3).stride(1).padding(1)));
+  conv2 = register_module("conv2", Conv2d(nn::Conv2dOptions(o.out_channels, o.out_channels, 3).stride(1).padding(1)));
   if (o.in_channels != o.out_channels)
-    conv_shortcut = register_module("conv_shortcut", nn::Conv2d(nn::Conv2dOptions(o.in_channels, o.out_channels, 1)));
+    conv_shortcut = register_module("conv_shortcut", Conv2d(nn::Conv2dOptions(o.in_channels, o.out_channels, 1)));
 }
 
 at::Tensor ResnetBlock2DImpl::forward(const at::Tensor& x, const at::Tensor& temb) {
@@ -129,7 +126,7 @@ at::Tensor ResnetBlock2DImpl::forward(const at::Tensor& x, const at::Tensor& tem
 // ---------------------------------------------------------------------------------------------------------------
 
 Downsample2DImpl::Downsample2DImpl(int64_t channels, int64_t out_channels, int64_t padding) : padding_(padding) {
-  conv = register_module("conv", nn::Conv2d(nn::Conv2dOptions(channels, out_channels, 3).stride(2).padding(padding)));
+  conv = register_module("conv", Conv2d(nn::Conv2dOptions(channels, out_channels, 3).stride(2).padding(padding)));
 }
 
 at::Tensor Downsample2DImpl::forward(const at::Tensor& x) {
@@ -138,7 +135,7 @@ at::Tensor Downsample2DImpl::forward(const at::Tensor& x) {
 }
 
 Upsample2DImpl::Upsample2DImpl(int64_t channels, int64_t out_channels) {
-  conv = register_module("conv", nn::Conv2d(nn::Conv2dOptions(channels, out_channels, 3).padding(1)));
+  conv = register_module("conv", Conv2d(nn::Conv2dOptions(channels, out_channels, 3).padding(1)));
 }
 
 at::Tensor Upsample2DImpl::forward(const at::Tensor& x, const std::optional<std::vector<int64_t>>& output_size) {
@@ -162,10 +159,10 @@ AttentionImpl::AttentionImpl(const AttentionOptions& o) : options_(o) {
   if (o.norm_num_groups > 0)
     group_norm = register_module(
         "group_norm", nn::GroupNorm(nn::GroupNormOptions(o.norm_num_groups, o.query_dim).eps(o.eps).affine(true)));
-  to_q = register_module("to_q", nn::Linear(nn::LinearOptions(o.query_dim, inner_dim).bias(o.bias)));
-  to_k = register_module("to_k", nn::Linear(nn::LinearOptions(context_dim, inner_dim).bias(o.bias)));
-  to_v = register_module("to_v", nn::Linear(nn::LinearOptions(context_dim, inner_dim).bias(o.bias)));
-  to_out_proj_ = nn::Linear(nn::LinearOptions(inner_dim, o.query_dim).bias(o.out_bias));
+  to_q = register_module("to_q", Linear(nn::LinearOptions(o.query_dim, inner_dim).bias(o.bias)));
+  to_k = register_module("to_k", Linear(nn::LinearOptions(context_dim, inner_dim).bias(o.bias)));
+  to_v = register_module("to_v", Linear(nn::LinearOptions(context_dim, inner_dim).bias(o.bias)));
+  to_out_proj_ = Linear(nn::LinearOptions(inner_dim, o.query_dim).bias(o.out_bias));
   to_out->push_back(to_out_proj_);
   to_out->push_back(nn::Dropout(0.0));
   register_module("to_out", to_out);

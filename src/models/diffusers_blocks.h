@@ -3,14 +3,14 @@
 #pragma once
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
-#include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/dropout.h>
-#include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "models/lora.h"
 
 namespace sd::models {
 
@@ -52,8 +52,8 @@ class ResnetBlock2DImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x, const at::Tensor& temb = {});
 
   torch::nn::GroupNorm norm1{nullptr}, norm2{nullptr};
-  torch::nn::Conv2d conv1{nullptr}, conv2{nullptr}, conv_shortcut{nullptr};
-  torch::nn::Linear time_emb_proj{nullptr};
+  Conv2d conv1{nullptr}, conv2{nullptr}, conv_shortcut{nullptr};
+  Linear time_emb_proj{nullptr};
 
  private:
   ResnetBlock2DOptions options_;
@@ -67,7 +67,7 @@ class Downsample2DImpl : public torch::nn::Module {
   // x: [N, C, H, W] -> [N, Cout, ceil(H/2), ceil(W/2)]
   at::Tensor forward(const at::Tensor& x);
 
-  torch::nn::Conv2d conv{nullptr};
+  Conv2d conv{nullptr};
 
  private:
   int64_t padding_;
@@ -81,7 +81,7 @@ class Upsample2DImpl : public torch::nn::Module {
   // x: [N, C, H, W] -> [N, Cout, 2H, 2W] (or output_size)
   at::Tensor forward(const at::Tensor& x, const std::optional<std::vector<int64_t>>& output_size = std::nullopt);
 
-  torch::nn::Conv2d conv{nullptr};
+  Conv2d conv{nullptr};
 };
 TORCH_MODULE(Upsample2D);
 
@@ -110,12 +110,12 @@ class AttentionImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& hidden, const at::Tensor& context = {});
 
   torch::nn::GroupNorm group_norm{nullptr};
-  torch::nn::Linear to_q{nullptr}, to_k{nullptr}, to_v{nullptr};
+  Linear to_q{nullptr}, to_k{nullptr}, to_v{nullptr};
   torch::nn::ModuleList to_out;  // [Linear, Dropout], as diffusers registers it
 
  private:
   AttentionOptions options_;
-  torch::nn::Linear to_out_proj_{nullptr};
+  Linear to_out_proj_{nullptr};
   double scale_;
 };
 TORCH_MODULE(Attention);

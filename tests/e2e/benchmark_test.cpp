@@ -56,6 +56,18 @@ TEST(BenchmarkE2E, UNetTrainingReportsStepsFlopsMfuMemoryAndOpClasses) {
     EXPECT_GT(j["op_seconds"][op].get<double>(), 0) << op;
 }
 
+// LoRA: the frozen UNet's forward and activation backward (2x the forward), only the adapters counted as trained.
+TEST(BenchmarkE2E, LoraTrainingReportsItsRankAndFlops) {
+  auto r = sd::test::run_process(benchmark({"--task=unet", "--lora_rank=4", "--mixed_precision=no"}), 300s);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("LoRA rank 4 alpha 4 on 88 layers"), std::string::npos) << r.output;
+  const auto lines = json_lines(r.output);
+  ASSERT_EQ(lines.size(), 1u) << r.output;
+  EXPECT_EQ(lines[0]["lora_rank"], 4);
+  EXPECT_EQ(lines[0]["flops_per_step"].get<int64_t>(), 2 * tiny_forward_flops(1));
+  EXPECT_GT(lines[0]["peak_rss_gib"].get<double>(), 0);
+}
+
 TEST(BenchmarkE2E, ShardedTrainingOnTwoRanksPrintsALinePerRank) {
   auto r = sd::test::run_process(sd::test::under_launch(2, benchmark({"--task=unet", "--sharding=shard_grad_op",
                                                                       "--mixed_precision=no", "--no_profile"})),

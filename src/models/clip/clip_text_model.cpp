@@ -27,10 +27,10 @@ ClipAttentionImpl::ClipAttentionImpl(const ClipTextConfig& c)
       scale_(1.0 / std::sqrt(static_cast<double>(c.head_dim()))),
       dropout_(c.attention_dropout) {
   const int64_t d = c.hidden_size;
-  k_proj = register_module("k_proj", nn::Linear(d, d));
-  v_proj = register_module("v_proj", nn::Linear(d, d));
-  q_proj = register_module("q_proj", nn::Linear(d, d));
-  out_proj = register_module("out_proj", nn::Linear(d, d));
+  k_proj = register_module("k_proj", Linear(d, d));
+  v_proj = register_module("v_proj", Linear(d, d));
+  q_proj = register_module("q_proj", Linear(d, d));
+  out_proj = register_module("out_proj", Linear(d, d));
 }
 
 at::Tensor ClipAttentionImpl::forward(const at::Tensor& x, const at::Tensor& causal_mask) {
@@ -52,8 +52,8 @@ at::Tensor ClipAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cau
 }
 
 ClipMlpImpl::ClipMlpImpl(const ClipTextConfig& c) : act_(c.hidden_act) {
-  fc1 = register_module("fc1", nn::Linear(c.hidden_size, c.intermediate_size));
-  fc2 = register_module("fc2", nn::Linear(c.intermediate_size, c.hidden_size));
+  fc1 = register_module("fc1", Linear(c.hidden_size, c.intermediate_size));
+  fc2 = register_module("fc2", Linear(c.intermediate_size, c.hidden_size));
 }
 
 at::Tensor ClipMlpImpl::forward(const at::Tensor& x) {

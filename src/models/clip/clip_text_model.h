@@ -4,7 +4,6 @@
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/embedding.h>
-#include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 #include <torch/nn/pimpl.h>
 
@@ -12,6 +11,7 @@
 #include <vector>
 
 #include "models/clip/clip_config.h"
+#include "models/lora.h"
 
 namespace sd::models {
 
@@ -26,7 +26,7 @@ class ClipAttentionImpl : public torch::nn::Module {
   // x: [B, S, D], causal_mask: [S, S] additive (0 / most negative) -> [B, S, D]
   at::Tensor forward(const at::Tensor& x, const at::Tensor& causal_mask);
 
-  torch::nn::Linear k_proj{nullptr}, v_proj{nullptr}, q_proj{nullptr}, out_proj{nullptr};
+  Linear k_proj{nullptr}, v_proj{nullptr}, q_proj{nullptr}, out_proj{nullptr};
 
  private:
   int64_t heads_, head_dim_;
@@ -40,7 +40,7 @@ class ClipMlpImpl : public torch::nn::Module {
   // x: [B, S, D] -> [B, S, D]
   at::Tensor forward(const at::Tensor& x);
 
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  Linear fc1{nullptr}, fc2{nullptr};
 
  private:
   std::string act_;

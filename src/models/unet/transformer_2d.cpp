@@ -6,9 +6,7 @@ namespace sd::models {
 
 namespace nn = torch::nn;
 
-GEGLUImpl::GEGLUImpl(int64_t dim_in, int64_t dim_out) {
-  proj = register_module("proj", nn::Linear(dim_in, dim_out * 2));
-}
+GEGLUImpl::GEGLUImpl(int64_t dim_in, int64_t dim_out) { proj = register_module("proj", Linear(dim_in, dim_out * 2)); }
 
 at::Tensor GEGLUImpl::forward(const at::Tensor& x) {
   auto parts = proj->forward(x).chunk(2, -1);
@@ -18,7 +16,7 @@ at::Tensor GEGLUImpl::forward(const at::Tensor& x) {
 FeedForwardImpl::FeedForwardImpl(int64_t dim, int64_t mult) {
   const int64_t inner = dim * mult;
   geglu_ = GEGLU(dim, inner);
-  out_ = nn::Linear(inner, dim);
+  out_ = Linear(inner, dim);
   net->push_back(geglu_);
   net->push_back(nn::Dropout(0.0));
   net->push_back(out_);
@@ -56,9 +54,9 @@ Transformer2DModelImpl::Transformer2DModelImpl(const Transformer2DOptions& o) : 
   norm = register_module("norm",
                          nn::GroupNorm(nn::GroupNormOptions(o.norm_num_groups, o.in_channels).eps(1e-6).affine(true)));
   if (o.use_linear_projection)
-    proj_in_linear_ = register_module("proj_in", nn::Linear(o.in_channels, inner));
+    proj_in_linear_ = register_module("proj_in", Linear(o.in_channels, inner));
   else
-    proj_in_conv_ = register_module("proj_in", nn::Conv2d(nn::Conv2dOptions(o.in_channels, inner, 1)));
+    proj_in_conv_ = register_module("proj_in", Conv2d(nn::Conv2dOptions(o.in_channels, inner, 1)));
   TransformerBlockOptions block;
   block.dim = inner;
   block.heads = o.heads;
@@ -71,9 +69,9 @@ Transformer2DModelImpl::Transformer2DModelImpl(const Transformer2DOptions& o) : 
   }
   register_module("transformer_blocks", transformer_blocks);
   if (o.use_linear_projection)
-    proj_out_linear_ = register_module("proj_out", nn::Linear(inner, o.in_channels));
+    proj_out_linear_ = register_module("proj_out", Linear(inner, o.in_channels));
   else
-    proj_out_conv_ = register_module("proj_out", nn::Conv2d(nn::Conv2dOptions(inner, o.in_channels, 1)));
+    proj_out_conv_ = register_module("proj_out", Conv2d(nn::Conv2dOptions(inner, o.in_channels, 1)));
 }
 
 at::Tensor Transformer2DModelImpl::forward(const at::Tensor& x, const at::Tensor& context) {

@@ -12,7 +12,7 @@ class GEGLUImpl : public torch::nn::Module {
   // x: [N, L, dim_in] -> [N, L, dim_out]
   at::Tensor forward(const at::Tensor& x);
 
-  torch::nn::Linear proj{nullptr};
+  Linear proj{nullptr};
 };
 TORCH_MODULE(GEGLU);
 
@@ -27,7 +27,7 @@ class FeedForwardImpl : public torch::nn::Module {
 
  private:
   GEGLU geglu_{nullptr};
-  torch::nn::Linear out_{nullptr};
+  Linear out_{nullptr};
 };
 TORCH_MODULE(FeedForward);
 
@@ -75,8 +75,8 @@ class Transformer2DModelImpl : public torch::nn::Module {
  private:
   Transformer2DOptions options_;
   // Registered as proj_in / proj_out; which pair exists depends on use_linear_projection.
-  torch::nn::Conv2d proj_in_conv_{nullptr}, proj_out_conv_{nullptr};
-  torch::nn::Linear proj_in_linear_{nullptr}, proj_out_linear_{nullptr};
+  Conv2d proj_in_conv_{nullptr}, proj_out_conv_{nullptr};
+  Linear proj_in_linear_{nullptr}, proj_out_linear_{nullptr};
   std::vector<BasicTransformerBlock> blocks_;
 };
 TORCH_MODULE(Transformer2DModel);

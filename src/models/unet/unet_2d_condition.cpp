@@ -27,8 +27,8 @@ at::Tensor timestep_embedding(const at::Tensor& timesteps, int64_t dim, bool fli
 }
 
 TimestepEmbeddingImpl::TimestepEmbeddingImpl(int64_t in_channels, int64_t time_embed_dim, Activation act) : act_(act) {
-  linear_1 = register_module("linear_1", nn::Linear(in_channels, time_embed_dim));
-  linear_2 = register_module("linear_2", nn::Linear(time_embed_dim, time_embed_dim));
+  linear_1 = register_module("linear_1", Linear(in_channels, time_embed_dim));
+  linear_2 = register_module("linear_2", Linear(time_embed_dim, time_embed_dim));
 }
 
 at::Tensor TimestepEmbeddingImpl::forward(const at::Tensor& x) {
@@ -47,7 +47,7 @@ UNet2DConditionModelImpl::UNet2DConditionModelImpl(UNetConfig config) : config_(
 
   conv_in = register_module(
       "conv_in",
-      nn::Conv2d(nn::Conv2dOptions(c.in_channels, channels[0], c.conv_in_kernel).padding((c.conv_in_kernel - 1) / 2)));
+      Conv2d(nn::Conv2dOptions(c.in_channels, channels[0], c.conv_in_kernel).padding((c.conv_in_kernel - 1) / 2)));
   time_embedding = register_module("time_embedding", TimestepEmbedding(channels[0], time_dim, act_));
 
   ResnetSettings resnet;
@@ -111,13 +111,17 @@ UNet2DConditionModelImpl::UNet2DConditionModelImpl(UNetConfig config) : config_(
                                   nn::GroupNorm(nn::GroupNormOptions(*c.norm_num_groups, channels[0]).eps(c.norm_eps)));
   conv_out = register_module(
       "conv_out",
-      nn::Conv2d(
-          nn::Conv2dOptions(channels[0], c.out_channels, c.conv_out_kernel).padding((c.conv_out_kernel - 1) / 2)));
+      Conv2d(nn::Conv2dOptions(channels[0], c.out_channels, c.conv_out_kernel).padding((c.conv_out_kernel - 1) / 2)));
 }
 
 namespace {
 std::string shape_str(at::IntArrayRef s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
-std::vector<at::Tensor> params_of(const nn::Module& m) { return m.parameters(/*recurse=*/true); }
+// What a checkpointed block reads besides its inputs: its parameters and any LoRA adapters attached to its layers.
+std::vector<at::Tensor> params_of(const nn::Module& m) {
+  std::vector<at::Tensor> params = m.parameters(/*recurse=*/true);
+  for (const at::Tensor& t : adapter_tensors(m)) params.push_back(t);
+  return params;
+}
 }  // namespace
 
 std::vector<at::Tensor> UNet2DConditionModelImpl::run_down(size_t i, const at::Tensor& h, const at::Tensor& temb,

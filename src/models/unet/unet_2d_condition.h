@@ -19,7 +19,7 @@ class TimestepEmbeddingImpl : public torch::nn::Module {
   // x: [N, in] -> [N, time_embed_dim]
   at::Tensor forward(const at::Tensor& x);
 
-  torch::nn::Linear linear_1{nullptr}, linear_2{nullptr};
+  Linear linear_1{nullptr}, linear_2{nullptr};
 
  private:
   Activation act_;
@@ -43,7 +43,7 @@ class UNet2DConditionModelImpl : public torch::nn::Module {
 
   const UNetConfig& config() const { return config_; }
 
-  torch::nn::Conv2d conv_in{nullptr}, conv_out{nullptr};
+  Conv2d conv_in{nullptr}, conv_out{nullptr};
   TimestepEmbedding time_embedding{nullptr};
   torch::nn::ModuleList down_blocks, up_blocks;
   UNetMidBlock2DCrossAttn mid_block{nullptr};

@@ -1,5 +1,7 @@
 #include "train/tasks/unet_training.h"
 
+#include "train/tasks/unet_training_task.h"
+
 #include <ATen/core/grad_mode.h>
 
 #include "core/error.h"
@@ -27,9 +29,7 @@ UNetTrainingOptions::UNetTrainingOptions() {
 
 namespace {
 
-// Which of the three data sources the flags choose; exactly one must be given.
-enum class DataKind { kFolder, kSyntheticImages, kSyntheticLatents, kReplay };
-
+// Which of the data sources the flags choose; exactly one must be given.
 DataKind data_kind(const UNetTrainingOptions& o) {
   const int given = !o.train_data_dir.empty() + !o.synthetic_data.empty() + !o.replay_inputs.empty();
   SD_CHECK(given == 1, "give exactly one of --train_data_dir, --synthetic_data and --replay_inputs ({} given)", given);
@@ -48,54 +48,14 @@ void write_model_folder(const fs::path& dir, const json& config, const io::Tenso
   });
 }
 
-class UNetTrainingTask : public Task {
- public:
-  UNetTrainingTask(const UNetTrainingOptions& o, RunContext& context);
+}  // namespace
 
-  std::string name() const override { return "unet"; }
-  std::vector<NamedParameter> trainable_parameters() override;
-  int64_t dataset_size() const override { return source_->size(); }
-  // A replay runs the steps its file holds.
-  std::optional<int64_t> default_max_steps() const override { return replay_steps_; }
-  at::Tensor micro_batch_loss(int64_t step, int64_t micro) override;
-
-  json identity() const override { return {{"prediction_type", loss_->options().prediction_type}}; }
-  // As the script's accelerator.save_state hooks: unet/ and unet_ema/ load in diffusers on their own.
-  WholeTensorFiles checkpoint_files() const override {
-    return {"unet/diffusion_pytorch_model.safetensors", "{}", "unet_ema/diffusion_pytorch_model.safetensors", "{}",
-            "optimizer.safetensors"};
-  }
-  void write_checkpoint_extras(const fs::path& dir) override;
-  void after_step(const StepReport& report) override;
-  bool wants_validation(int64_t step, bool last_step) const override;
-  at::Tensor validation_images(int64_t step) override;
-  fs::path export_final(const io::TensorMap& weights, const io::TensorMap& ema) override;
-  json step_metrics() override { return {{"data_wait_s", source_->take_wait_seconds()}}; }
-
- private:
-  void load_models(DataKind kind);
-  // Latents (times the VAE factor, float32) and text embeddings of an image-caption batch, with the posterior draws
-  // keyed by the samples' positions.
-  std::pair<at::Tensor, at::Tensor> encode(const data::TrainingBatch& batch, const data::BatchRequest& request);
-  DenoisingDraws draw(const data::TrainingBatch& batch, const data::BatchRequest& request) const;
-  json ema_config() const;
-  void write_replay_record(const io::TensorMap& weights, const io::TensorMap& ema) const;
-
-  UNetTrainingOptions o_;
-  RunContext& context_;
-  fs::path model_dir_, output_dir_;
-  // The UNet, tokenizer and scheduler config always; the text encoder and VAE when the data needs encoding.
-  std::unique_ptr<pipeline::StableDiffusion> pipe_;
-  std::unique_ptr<data::BatchPlanner> planner_;
-  std::unique_ptr<data::BatchSource> source_;
-  std::unique_ptr<DenoisingLoss> loss_;
-  int64_t steps_per_epoch_ = 0;
-  std::optional<int64_t> replay_steps_;
-  io::TensorMap replay_record_;  // per step: loss, lr, grad_norm, ema_decay (with --replay_inputs)
-};
-
-UNetTrainingTask::UNetTrainingTask(const UNetTrainingOptions& o, RunContext& context)
-    : o_(o), context_(context), model_dir_(o.pretrained_model_name_or_path), output_dir_(o.training.output_dir) {
+UNetTrainingTask::UNetTrainingTask(const UNetTrainingOptions& o, RunContext& context, at::ScalarType unet_dtype)
+    : o_(o),
+      context_(context),
+      model_dir_(o.pretrained_model_name_or_path),
+      output_dir_(o.training.output_dir),
+      unet_dtype_(unet_dtype) {
   const DataKind kind = data_kind(o);
   SD_CHECK(o.validation_prompts.empty() || (kind != DataKind::kSyntheticLatents && kind != DataKind::kReplay),
            "--validation_prompts needs the VAE and text encoder, which --synthetic_data latents and --replay_inputs "
@@ -159,14 +119,14 @@ void UNetTrainingTask::load_models(DataKind kind) {
       pipeline::StableDiffusion{io::JsonConfig::load(model_dir_ / "model_index.json").raw(),
                                 text::ClipTokenizer::load(model_dir_ / "tokenizer"), nullptr, nullptr, nullptr,
                                 schedulers::SchedulerConfig::load(model_dir_ / "scheduler" / "scheduler_config.json")});
-  // The UNet is loaded (or built) in float32: its values are the float32 master weights.
   if (o_.from_scratch) {
     at::manual_seed(static_cast<int64_t>(context_.seed));
     pipe_->unet =
         models::UNet2DConditionModel(models::UNetConfig::load((model_dir_ / "unet" / "config.json").string()));
+    pipe_->unet->to(unet_dtype_);
     log::info("UNet initialised from {} (seed {})", (model_dir_ / "unet" / "config.json").string(), context_.seed);
   } else {
-    pipe_->unet = models::load_unet(model_dir_ / "unet", at::kFloat);
+    pipe_->unet = models::load_unet(model_dir_ / "unet", unet_dtype_);
   }
   pipe_->unet->train();
   if (kind != DataKind::kFolder && kind != DataKind::kSyntheticImages) return;
@@ -187,8 +147,12 @@ std::vector<NamedParameter> UNetTrainingTask::trainable_parameters() {
   return params;
 }
 
-std::pair<at::Tensor, at::Tensor> UNetTrainingTask::encode(const data::TrainingBatch& batch,
-                                                           const data::BatchRequest& request) {
+at::Tensor UNetTrainingTask::encode_text(const at::Tensor& input_ids) {
+  at::NoGradGuard no_grad;
+  return pipe_->text_encoder->forward(input_ids).last_hidden_state;
+}
+
+at::Tensor UNetTrainingTask::encode_latents(const data::TrainingBatch& batch, const data::BatchRequest& request) {
   at::NoGradGuard no_grad;
   const models::DiagonalGaussian posterior = pipe_->vae->encode(batch.pixel_values.to(context_.precision.frozen));
   std::vector<at::Tensor> eps;
@@ -198,10 +162,7 @@ std::pair<at::Tensor, at::Tensor> UNetTrainingTask::encode(const data::TrainingB
                                static_cast<uint64_t>(request.first_position + j));
     eps.push_back(at::randn(posterior.mean.sizes().slice(1), gen));
   }
-  const at::Tensor latents =
-      (posterior.mean.to(at::kFloat) + posterior.std.to(at::kFloat) * at::stack(eps)) * pipe_->vae->scaling_factor();
-  const at::Tensor text = pipe_->text_encoder->forward(batch.input_ids).last_hidden_state;
-  return {latents, text};
+  return (posterior.mean.to(at::kFloat) + posterior.std.to(at::kFloat) * at::stack(eps)) * pipe_->vae->scaling_factor();
 }
 
 DenoisingDraws UNetTrainingTask::draw(const data::TrainingBatch& batch, const data::BatchRequest& request) const {
@@ -227,7 +188,10 @@ DenoisingDraws UNetTrainingTask::draw(const data::TrainingBatch& batch, const da
 at::Tensor UNetTrainingTask::micro_batch_loss(int64_t step, int64_t micro) {
   const data::BatchRequest request = planner_->plan(step, micro);
   data::TrainingBatch batch = source_->get(request);
-  if (!batch.encoded()) std::tie(batch.latents, batch.encoder_hidden_states) = encode(batch, request);
+  if (!batch.encoded()) {
+    batch.latents = encode_latents(batch, request);
+    batch.encoder_hidden_states = encode_text(batch.input_ids);
+  }
   return (*loss_)(batch.latents, batch.encoder_hidden_states, draw(batch, request)).loss;
 }
 
@@ -297,8 +261,6 @@ fs::path UNetTrainingTask::export_final(const io::TensorMap& weights, const io::
                               pipe_->model_index.value("scheduler", json::array({"", "PNDMScheduler"}))[1]);
   return output_dir_;
 }
-
-}  // namespace
 
 int run_unet_training(const UNetTrainingOptions& options) { return train_task<UNetTrainingTask>(options); }
 

@@ -1,0 +1,89 @@
+#include "models/lora.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/functional/conv.h>
+
+#include "core/error.h"
+
+namespace sd::models {
+
+namespace {
+
+std::string shape_str(at::IntArrayRef s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+
+}  // namespace
+
+std::pair<std::vector<int64_t>, std::vector<int64_t>> lora_adapter_shapes(at::IntArrayRef weight, int64_t rank) {
+  std::vector<int64_t> down(weight.begin(), weight.end()), up{weight[0], rank};
+  down[0] = rank;
+  if (weight.size() == 4) up.insert(up.end(), {1, 1});  // a 1x1 conv after the layer-shaped down conv
+  return {down, up};
+}
+
+void LoraHost::add_adapter(LoraAdapter adapter, const std::string& what) {
+  const at::IntArrayRef weight = base_weight_shape();
+  SD_CHECK(adapter.down.defined() && adapter.up.defined() && adapter.down.dim() >= 1 && adapter.down.size(0) > 0,
+           "{}: a LoRA needs a down and an up weight", what);
+  const auto [down, up] = lora_adapter_shapes(weight, adapter.rank());
+  SD_CHECK(adapter.down.sizes() == at::IntArrayRef(down) && adapter.up.sizes() == at::IntArrayRef(up),
+           "{}: LoRA down {} / up {} do not fit the layer's weight {} (expected down {}, up {})", what,
+           shape_str(adapter.down.sizes()), shape_str(adapter.up.sizes()), shape_str(weight), shape_str(down),
+           shape_str(up));
+  adapters_.push_back(std::move(adapter));
+}
+
+void LoraHost::merge_adapters() {
+  at::NoGradGuard no_grad;
+  at::Tensor& weight = base_weight();
+  // At least float32 (as diffusers' _fuse_lora), so a bf16 weight gets the sum rounded once.
+  const at::ScalarType dtype = at::promote_types(weight.scalar_type(), at::kFloat);
+  at::Tensor merged = weight.to(dtype);
+  for (const LoraAdapter& a : adapters_) {
+    const at::Tensor product = at::mm(a.up.to(dtype).flatten(1), a.down.to(dtype).flatten(1));
+    merged.add_(product.view(weight.sizes()), a.multiplier());
+  }
+  weight.copy_(merged);
+  adapters_.clear();
+}
+
+at::Tensor LoraHost::add_adapter_outputs(const at::Tensor& x, const at::Tensor& base_output) const {
+  at::Tensor out = base_output;
+  for (const LoraAdapter& a : adapters_) {
+    const at::ScalarType dtype = x.scalar_type();
+    out = out + low_rank_output(x, a.down.to(dtype), a.up.to(dtype)) * a.multiplier();
+  }
+  return out;
+}
+
+at::Tensor LinearImpl::low_rank_output(const at::Tensor& x, const at::Tensor& down, const at::Tensor& up) const {
+  return at::linear(at::linear(x, down), up);
+}
+
+at::Tensor Conv2dImpl::low_rank_output(const at::Tensor& x, const at::Tensor& down, const at::Tensor& up) const {
+  namespace F = torch::nn::functional;
+  const auto& o = options;
+  const at::Tensor h =
+      F::conv2d(x, down, F::Conv2dFuncOptions().stride(o.stride()).padding(o.padding()).dilation(o.dilation()));
+  return at::conv2d(h, up);
+}
+
+std::vector<std::pair<std::string, LoraHost*>> lora_hosts(torch::nn::Module& model) {
+  std::vector<std::pair<std::string, LoraHost*>> hosts;
+  for (const auto& item : model.named_modules(/*name_prefix=*/"", /*include_self=*/false))
+    if (auto* host = dynamic_cast<LoraHost*>(item.value().get())) hosts.emplace_back(item.key(), host);
+  return hosts;
+}
+
+std::vector<at::Tensor> adapter_tensors(const torch::nn::Module& model) {
+  std::vector<at::Tensor> tensors;
+  for (const auto& module : model.modules(/*include_self=*/true))
+    if (const auto* host = dynamic_cast<const LoraHost*>(module.get()))
+      for (const LoraAdapter& a : host->adapters()) tensors.insert(tensors.end(), {a.down, a.up});
+  return tensors;
+}
+
+void merge_adapters(torch::nn::Module& model) {
+  for (auto& [path, host] : lora_hosts(model)) host->merge_adapters();
+}
+
+}  // namespace sd::models

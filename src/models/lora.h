@@ -1,0 +1,91 @@
+// The LoRA seam of the models: Linear and Conv2d layers that can carry low-rank adapters, as diffusers'
+// LoRACompatibleLinear / LoRACompatibleConv do:
+//   output = base(x) + Σ scale · (alpha / rank) · up(down(x))
+// The model files build their layers from these types and know nothing else of LoRA; adapters are attached from
+// outside by module path (e.g. "down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q"), are not module
+// parameters (so weight files load and save exactly as before), and can be merged into the base weight.
+#pragma once
+#include <torch/nn/module.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/linear.h>
+
+#include <string>
+#include <vector>
+
+namespace sd::models {
+
+struct LoraAdapter {
+  at::Tensor down;   // Linear: [rank, in]; Conv2d: [rank, in, kh, kw] (the base's kernel, stride and padding)
+  at::Tensor up;     // Linear: [out, rank]; Conv2d: [out, rank, 1, 1]
+  double alpha = 0;  // the file's or trainer's alpha; the adapter's output is multiplied by alpha / rank
+  double scale = 1;  // the user's strength (--lora_scale, diffusers' cross_attention_kwargs["scale"])
+  int64_t rank() const { return down.size(0); }
+  double multiplier() const { return scale * alpha / static_cast<double>(rank()); }
+};
+
+// What a layer that can carry adapters offers. Adapters are applied in the input's dtype (a float32 adapter on a
+// bf16 model is cast on the fly, keeping its gradient flowing to the float32 tensor).
+class LoraHost {
+ public:
+  virtual ~LoraHost() = default;
+
+  // Throws sd::Error naming `what` (e.g. the file and module) unless the shapes fit this layer.
+  void add_adapter(LoraAdapter adapter, const std::string& what);
+  const std::vector<LoraAdapter>& adapters() const { return adapters_; }
+  // weight += Σ multiplier · up·down (computed in at least float32, stored in the weight's dtype); the adapters are
+  // dropped, as diffusers' fuse_lora does.
+  void merge_adapters();
+  void remove_adapters() { adapters_.clear(); }
+
+  // [out, in] or [out, in, kh, kw]: what the adapters must fit.
+  virtual at::IntArrayRef base_weight_shape() const = 0;
+
+ protected:
+  // base_output + the adapters' outputs for input x.
+  at::Tensor add_adapter_outputs(const at::Tensor& x, const at::Tensor& base_output) const;
+
+ private:
+  virtual at::Tensor& base_weight() = 0;
+  // up(down(x)) with the layer's own geometry.
+  virtual at::Tensor low_rank_output(const at::Tensor& x, const at::Tensor& down, const at::Tensor& up) const = 0;
+
+  std::vector<LoraAdapter> adapters_;
+};
+
+class LinearImpl : public torch::nn::LinearImpl, public LoraHost {
+ public:
+  using torch::nn::LinearImpl::LinearImpl;
+  // x: [..., in] -> [..., out]
+  at::Tensor forward(const at::Tensor& x) { return add_adapter_outputs(x, torch::nn::LinearImpl::forward(x)); }
+  at::IntArrayRef base_weight_shape() const override { return weight.sizes(); }
+
+ private:
+  at::Tensor& base_weight() override { return weight; }
+  at::Tensor low_rank_output(const at::Tensor& x, const at::Tensor& down, const at::Tensor& up) const override;
+};
+TORCH_MODULE(Linear);
+
+class Conv2dImpl : public torch::nn::Conv2dImpl, public LoraHost {
+ public:
+  using torch::nn::Conv2dImpl::Conv2dImpl;
+  // x: [N, in, H, W] -> [N, out, H', W']
+  at::Tensor forward(const at::Tensor& x) { return add_adapter_outputs(x, torch::nn::Conv2dImpl::forward(x)); }
+  at::IntArrayRef base_weight_shape() const override { return weight.sizes(); }
+
+ private:
+  at::Tensor& base_weight() override { return weight; }
+  at::Tensor low_rank_output(const at::Tensor& x, const at::Tensor& down, const at::Tensor& up) const override;
+};
+TORCH_MODULE(Conv2d);
+
+// The shapes {down, up} of a rank-`rank` adapter on a layer whose weight is [out, in] or [out, in, kh, kw].
+std::pair<std::vector<int64_t>, std::vector<int64_t>> lora_adapter_shapes(at::IntArrayRef weight, int64_t rank);
+
+// Every layer of `model` that can carry adapters, by module path, in module order.
+std::vector<std::pair<std::string, LoraHost*>> lora_hosts(torch::nn::Module& model);
+// The down and up tensors of every adapter attached anywhere in `model` (what a block reads besides its
+// parameters, e.g. for gradient checkpointing).
+std::vector<at::Tensor> adapter_tensors(const torch::nn::Module& model);
+void merge_adapters(torch::nn::Module& model);
+
+}  // namespace sd::models

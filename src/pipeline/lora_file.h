@@ -1,0 +1,64 @@
+// LoRA files as diffusers and kohya/A1111 write them, and attaching their adapters to a pipeline's models
+// (models/lora.h). The one place that knows both naming schemes:
+//   diffusers 0.24 (pytorch_lora_weights.safetensors, LoraLoaderMixin):
+//     unet.<module>.lora.down.weight [r, in], unet.<module>.lora.up.weight [out, r]
+//     text_encoder.<module>.lora_linear_layer.down.weight / .up.weight
+//     no alpha: the scale alone multiplies up·down. Read also: peft's lora_A / lora_B (diffusers >= 0.25).
+//   kohya sd-scripts (networks/lora.py) and A1111:
+//     lora_unet_<module with '.' -> '_'>.lora_down.weight, .lora_up.weight, .alpha (a scalar; absent = rank)
+//     lora_te_<text encoder module with '.' -> '_'>..., training metadata as ss_* keys in __metadata__
+// Module paths are diffusers' / transformers' (down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q,
+// text_model.encoder.layers.0.self_attn.q_proj); conv layers (LoCon) have [r, in, kh, kw] / [out, r, 1, 1].
+#pragma once
+#include <ATen/ATen.h>
+
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "pipeline/stable_diffusion.h"
+
+namespace sd::pipeline {
+
+// The two models a LoRA file can adapt, named as the files' prefixes name them.
+enum class LoraComponent { kUNet, kTextEncoder };
+
+// One adapted layer.
+struct LoraModule {
+  LoraComponent component = LoraComponent::kUNet;
+  std::string module;  // module path inside the component
+  at::Tensor down, up;
+  double alpha = 0;  // the adapter's output is multiplied by alpha / rank
+};
+using LoraWeights = std::vector<LoraModule>;
+
+enum class LoraFormat { kDiffusers, kKohya };
+// "diffusers" | "kohya"; anything else throws sd::Error naming --lora_format.
+LoraFormat parse_lora_format(const std::string& name);
+
+// diffusers' key of a LoRA tensor: part is "down" or "up" (e.g. unet.<module>.lora.down.weight). Training names
+// its adapter tensors with these, so a checkpoint's tensors load in diffusers as they are.
+std::string diffusers_lora_key(LoraComponent component, const std::string& module, const std::string& part);
+
+// Writes `weights` in `format` (safetensors, float32). The diffusers format has no alpha, so alpha / rank is folded
+// into up; kohya's keeps it as .alpha. `metadata` goes into __metadata__ besides {"format": "pt"}.
+void save_lora_file(const std::filesystem::path& path, const LoraWeights& weights, LoraFormat format,
+                    const std::map<std::string, std::string>& metadata = {});
+
+// Reads a file in either format, told apart by its key names. Kohya's names lose the dots of module paths, so they
+// are resolved against the pipeline's own layers. Throws one sd::Error line naming the file (and the key) for a
+// missing file, an unknown key, a kohya name no layer has, or a down without its up.
+LoraWeights load_lora_file(const std::filesystem::path& path, StableDiffusion& pipe);
+
+// Attaches every adapter to the pipeline's UNet or text encoder with strength `scale`. Throws one sd::Error line
+// naming `source` (the file) and the module for a layer the models do not have or shapes that do not fit it.
+void attach_lora(StableDiffusion& pipe, const LoraWeights& weights, double scale, const std::string& source);
+
+// What `generate --lora F --lora_scale S ... [--fuse_lora]` does: loads and attaches each file with its scale
+// (every scale 1 when none is given, else one per file, in order), then merges them into the weights when `fuse`
+// (diffusers' fuse_lora: faster, same images up to float rounding).
+void apply_lora_files(StableDiffusion& pipe, const std::vector<std::string>& files, const std::vector<double>& scales,
+                      bool fuse);
+
+}  // namespace sd::pipeline

@@ -1,0 +1,76 @@
+// The UNet-training task (train/tasks/unet_training.h) as a class, for the tasks that vary it: LoRA training
+// (train/tasks/lora_training.h) trains adapters on a frozen UNet with the same data, noise, loss and validation.
+#pragma once
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "data/training_batches.h"
+#include "pipeline/stable_diffusion.h"
+#include "train/tasks/denoising_loss.h"
+#include "train/tasks/unet_training.h"
+
+namespace sd::train {
+
+// Where the training samples come from (--train_data_dir, --synthetic_data images|latents, --replay_inputs).
+enum class DataKind { kFolder, kSyntheticImages, kSyntheticLatents, kReplay };
+
+class UNetTrainingTask : public Task {
+ public:
+  // `unet_dtype`: float32 when the UNet itself trains (its values are the master weights); a variation that keeps it
+  // frozen passes the frozen-model dtype.
+  UNetTrainingTask(const UNetTrainingOptions& o, RunContext& context, at::ScalarType unet_dtype = at::kFloat);
+
+  std::string name() const override { return "unet"; }
+  std::vector<NamedParameter> trainable_parameters() override;
+  int64_t dataset_size() const override { return source_->size(); }
+  // A replay runs the steps its file holds.
+  std::optional<int64_t> default_max_steps() const override { return replay_steps_; }
+  at::Tensor micro_batch_loss(int64_t step, int64_t micro) override;
+
+  nlohmann::json identity() const override { return {{"prediction_type", loss_->options().prediction_type}}; }
+  // As the script's accelerator.save_state hooks: unet/ and unet_ema/ load in diffusers on their own.
+  WholeTensorFiles checkpoint_files() const override {
+    return {"unet/diffusion_pytorch_model.safetensors", "{}", "unet_ema/diffusion_pytorch_model.safetensors", "{}",
+            "optimizer.safetensors"};
+  }
+  void write_checkpoint_extras(const std::filesystem::path& dir) override;
+  void after_step(const StepReport& report) override;
+  bool wants_validation(int64_t step, bool last_step) const override;
+  at::Tensor validation_images(int64_t step) override;
+  std::filesystem::path export_final(const io::TensorMap& weights, const io::TensorMap& ema) override;
+  nlohmann::json step_metrics() override { return {{"data_wait_s", source_->take_wait_seconds()}}; }
+
+ protected:
+  // Text embeddings of a batch's token ids (the text encoder is frozen here, so no graph is recorded).
+  virtual at::Tensor encode_text(const at::Tensor& input_ids);
+  // <output_dir>/replay.safetensors: each step's loss, lr, grad norm and EMA decay, then the final tensors.
+  void write_replay_record(const io::TensorMap& weights, const io::TensorMap& ema) const;
+
+  // What a variation reads: the options, the run and the models (the text encoder and VAE only when the data needs
+  // encoding).
+  UNetTrainingOptions o_;
+  RunContext& context_;
+  std::filesystem::path model_dir_, output_dir_;
+  std::unique_ptr<pipeline::StableDiffusion> pipe_;
+
+ private:
+  void load_models(DataKind kind);
+  // Latents (times the VAE factor, float32) of an image batch, with the posterior draws keyed by the samples'
+  // positions.
+  at::Tensor encode_latents(const data::TrainingBatch& batch, const data::BatchRequest& request);
+  DenoisingDraws draw(const data::TrainingBatch& batch, const data::BatchRequest& request) const;
+  nlohmann::json ema_config() const;
+
+  at::ScalarType unet_dtype_;
+  std::unique_ptr<data::BatchPlanner> planner_;
+  std::unique_ptr<data::BatchSource> source_;
+  std::unique_ptr<DenoisingLoss> loss_;
+  int64_t steps_per_epoch_ = 0;
+  std::optional<int64_t> replay_steps_;
+  io::TensorMap replay_record_;  // per step: loss, lr, grad_norm, ema_decay (with --replay_inputs)
+};
+
+}  // namespace sd::train

@@ -1,0 +1,220 @@
+// LoRA end to end: the reference LoRA image (golden C11) through `sdtrain generate --lora`, merged or not; a LoRA
+// trained by `sdtrain train --lora_rank` on the fixture images, exported in both formats, generating the same images
+// from either file, merged or not; resume and two sharded ranks reproducing one rank; one clear line for bad input.
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "io/atomic_file.h"
+#include "io/image.h"
+#include "io/safetensors.h"
+#include "process_util.h"
+#include "test_util.h"
+
+namespace sd {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+fs::path tiny_sd1() { return sd::test::fixtures() / "tiny-sd1"; }
+
+// `sdtrain generate` of the C11 settings (PNDM, 4 steps, guidance 7.5, the golden's latents) with `extra` flags;
+// returns the raw float images.
+at::Tensor generate_c11(const fs::path& dir, const std::vector<std::string>& extra) {
+  const io::TensorMap g = io::load_safetensors(sd::test::golden("tiny-sd1/lora_txt2img.safetensors"));
+  const fs::path latents = dir / "latents.safetensors", raw = dir / "raw.safetensors";
+  io::save_safetensors(latents, {{"latents", g.at("input.latents")}});
+  std::vector<std::string> command = {sd::test::sdtrain_binary(),
+                                      "generate",
+                                      "--model=" + tiny_sd1().string(),
+                                      "--prompt=a photo of an astronaut riding a horse",
+                                      "--negative_prompt=blurry",
+                                      "--num_inference_steps=4",
+                                      "--guidance_scale=7.5",
+                                      "--seed=0",
+                                      "--threads=1",
+                                      "--init_latents=" + latents.string(),
+                                      "--save_raw=" + raw.string(),
+                                      "--output_dir=" + (dir / "png").string()};
+  command.insert(command.end(), extra.begin(), extra.end());
+  auto r = sd::test::run_process(command, 120s);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  return r.exit_code == 0 ? io::load_safetensors(raw).at("images") : at::zeros({1});
+}
+
+at::Tensor png_pixels(const fs::path& path) {
+  const io::RgbImage image = io::load_image_rgb(path);
+  return at::from_blob(const_cast<uint8_t*>(image.pixels.data()), {image.height, image.width, 3}, at::kByte).clone();
+}
+
+TEST(LoraE2E, BinaryReproducesTheDiffusersLoraImageMergedOrNot) {
+  const at::Tensor golden = io::load_safetensors(sd::test::golden("tiny-sd1/lora_txt2img.safetensors")).at("image");
+  const std::string lora = "--lora=" + sd::test::golden("tiny-sd1/lora_diffusers.safetensors").string();
+  for (bool fuse : {false, true}) {
+    SCOPED_TRACE(fuse ? "fused" : "unfused");
+    sd::test::TempDir dir;
+    std::vector<std::string> flags = {lora, "--lora_scale=0.7"};
+    if (fuse) flags.push_back("--fuse_lora");
+    const at::Tensor images = generate_c11(dir.path(), flags);
+    EXPECT_TRUE(sd::test::close_rel_max(images, golden, 1e-4));
+    // diffusers' numpy_to_pil: (image * 255).round() as uint8.
+    const at::Tensor expected_png = (golden[0] * 255).round().to(at::kInt);
+    const at::Tensor png = png_pixels(dir.path() / "png" / "p0-s0-i0.png").to(at::kInt);
+    EXPECT_LE((png - expected_png).abs().max().item<int64_t>(), 1) << "PNG pixels vs the golden image";
+  }
+}
+
+// Three images of the fixtures as a Hugging Face imagefolder with captions.
+fs::path write_image_folder(const fs::path& dir) {
+  fs::create_directories(dir);
+  const fs::path images = sd::test::fixtures() / "golden" / "images";
+  std::ofstream metadata(dir / "metadata.jsonl");
+  const std::vector<std::pair<std::string, std::string>> rows = {
+      {"landscape_160x120.jpg", "a landscape"}, {"toy_alpha_100x100.png", "a toy"}, {"portrait_90x140.png", "stripes"}};
+  for (const auto& [file, caption] : rows) {
+    fs::copy_file(images / file, dir / file);
+    metadata << nlohmann::json{{"file_name", file}, {"text", caption}}.dump() << "\n";
+  }
+  return dir;
+}
+
+std::vector<std::string> lora_train_command(const fs::path& data, const fs::path& out,
+                                            const std::vector<std::string>& extra) {
+  std::vector<std::string> command = {sd::test::sdtrain_binary(),
+                                      "train",
+                                      "--pretrained_model_name_or_path=" + tiny_sd1().string(),
+                                      "--train_data_dir=" + data.string(),
+                                      "--resolution=32",
+                                      "--random_flip",
+                                      "--train_batch_size=1",
+                                      "--learning_rate=5e-2",
+                                      "--lr_warmup_steps=0",
+                                      "--seed=7",
+                                      "--threads=1",
+                                      "--lora_rank=4",
+                                      "--output_dir=" + out.string()};
+  command.insert(command.end(), extra.begin(), extra.end());
+  return command;
+}
+
+TEST(LoraE2E, TrainedLoraGivesTheSameImagesFromBothFormatsMergedOrNot) {
+  sd::test::TempDir dir;
+  const fs::path data = write_image_folder(dir.path() / "data"), out = dir.path() / "cat-lora";
+  auto r =
+      sd::test::run_process(lora_train_command(data, out,
+                                               {"--max_train_steps=3", "--lora_alpha=8", "--train_text_encoder_lora",
+                                                "--lora_format=kohya", "--mixed_precision=bf16"}),
+                            300s);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const fs::path diffusers_file = out / "pytorch_lora_weights.safetensors", kohya_file = out / "cat-lora.safetensors";
+  EXPECT_NE(r.output.find(diffusers_file.string()), std::string::npos) << r.output;
+  const io::SafeTensorsFile kohya(kohya_file);
+  EXPECT_EQ(kohya.names().size(), 3u * (88 + 20));  // UNet attention projections, 5 text-encoder layers x 4
+  EXPECT_EQ(kohya.metadata().at("ss_network_module"), "networks.lora");
+  EXPECT_EQ(kohya.metadata().at("ss_network_dim"), "4");
+  EXPECT_EQ(kohya.metadata().at("ss_network_alpha"), "8.0");
+  EXPECT_EQ(kohya.metadata().at("ss_base_model_version"), "sd_v1");
+  EXPECT_EQ(kohya.metadata().at("ss_steps"), "3");
+  EXPECT_EQ(io::SafeTensorsFile(diffusers_file).names().size(), 2u * (88 + 20));
+  // Training moved the zero-initialised up weights.
+  EXPECT_GT(kohya.read("lora_unet_mid_block_attentions_0_transformer_blocks_0_attn2_to_k.lora_up.weight")
+                .abs()
+                .max()
+                .item<float>(),
+            0);
+
+  sd::test::TempDir a, b, c, d;
+  const at::Tensor plain = generate_c11(a.path(), {});
+  const at::Tensor from_diffusers = generate_c11(b.path(), {"--lora=" + diffusers_file.string(), "--lora_scale=0.8"});
+  const at::Tensor from_kohya = generate_c11(c.path(), {"--lora=" + kohya_file.string(), "--lora_scale=0.8"});
+  const at::Tensor fused = generate_c11(d.path(), {"--lora=" + kohya_file.string(), "--lora_scale=0.8", "--fuse_lora"});
+  EXPECT_GT((from_diffusers - plain).abs().max().item<float>(), 1e-3) << "the LoRA changes the image";
+  EXPECT_TRUE(sd::test::close_rel_max(from_kohya, from_diffusers, 1e-5));
+  EXPECT_TRUE(sd::test::close_rel_max(fused, from_diffusers, 1e-4));
+}
+
+// A resumed LoRA run (bf16 frozen models, EMA, accumulation, text-encoder adapters) writes the bits of an
+// uninterrupted one; two ranks sharding the adapters' state train what one rank with accumulation trains.
+TEST(LoraE2E, ResumeIsBitExactAndShardedRanksMatchOneRank) {
+  sd::test::TempDir dir;
+  const fs::path data = write_image_folder(dir.path() / "data");
+  const fs::path whole = dir.path() / "whole", split = dir.path() / "split", ranks = dir.path() / "ranks";
+  const std::vector<std::string> flags = {
+      "--max_train_steps=4",    "--checkpointing_steps=2",   "--use_ema",
+      "--mixed_precision=bf16", "--train_text_encoder_lora", "--resume_from_checkpoint=latest"};
+  auto accumulate = flags;
+  accumulate.push_back("--gradient_accumulation_steps=2");
+  auto a = sd::test::run_process(lora_train_command(data, whole, accumulate), 300s);
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+
+  fs::create_directories(split);
+  fs::copy(whole / "checkpoint-2", split / "checkpoint-2", fs::copy_options::recursive);
+  auto resumed = sd::test::run_process(lora_train_command(data, split, accumulate), 300s);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resuming from"), std::string::npos) << resumed.output;
+  for (const char* file :
+       {"checkpoint-4/pytorch_lora_weights.safetensors", "checkpoint-4/pytorch_lora_weights_ema.safetensors",
+        "checkpoint-4/optimizer.safetensors", "pytorch_lora_weights.safetensors"})
+    EXPECT_EQ(io::read_text_file(whole / file), io::read_text_file(split / file)) << file;
+
+  auto sharded = flags;
+  sharded.push_back("--sharding=shard_grad_op");
+  auto two = sd::test::run_process(sd::test::under_launch(2, lora_train_command(data, ranks, sharded)), 300s);
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  const io::TensorMap one = io::load_safetensors(whole / "pytorch_lora_weights.safetensors");
+  const io::TensorMap both = io::load_safetensors(ranks / "pytorch_lora_weights.safetensors");
+  ASSERT_EQ(both.size(), one.size());
+  // bf16 compute: the two micro-batches' gradients are summed in another order; the EMA averages that over steps.
+  for (const auto& [name, t] : one) EXPECT_TRUE(sd::test::close_rel_max(both.at(name), t, 2e-2)) << name;
+}
+
+TEST(LoraE2E, BadInputs) {
+  sd::test::TempDir dir;
+  auto command_line = [](const std::vector<std::string>& args) {
+    std::string line;
+    for (const auto& a : args) line += "'" + a + "' ";
+    return line;
+  };
+  const fs::path data = write_image_folder(dir.path() / "data"), out = dir.path() / "out";
+  auto train_error = [&](const std::vector<std::string>& extra, const std::string& fragment) {
+    const auto command = lora_train_command(data, out, extra);
+    EXPECT_TRUE(sd::test::is_one_line_error(sd::test::run_command(command_line(command)), fragment))
+        << command_line(command);
+  };
+  train_error({"--lora_target_modules=to_q,to_x"},
+              "--lora_target_modules: 'to_x' matches no Linear or Conv2d layer of the UNet");
+  EXPECT_TRUE(sd::test::is_one_line_error(
+      sd::test::run_command(sd::test::sdtrain_binary() + " train --pretrained_model_name_or_path=" +
+                            tiny_sd1().string() + " --synthetic_data=latents --lora_alpha=8"),
+      "--lora_alpha requires --lora_rank"));
+  auto synthetic = lora_train_command(data, out, {"--train_text_encoder_lora"});
+  synthetic[3] = "--synthetic_data=latents";
+  EXPECT_TRUE(sd::test::is_one_line_error(sd::test::run_command(command_line(synthetic)),
+                                          "--train_text_encoder_lora needs the text encoder"));
+
+  auto generate_error = [&](const std::vector<std::string>& extra, const std::string& fragment) {
+    std::vector<std::string> command = {sd::test::sdtrain_binary(),       "generate",
+                                        "--model=" + tiny_sd1().string(), "--prompt=x",
+                                        "--num_inference_steps=1",        "--output_dir="};
+    command.insert(command.end(), extra.begin(), extra.end());
+    EXPECT_TRUE(sd::test::is_one_line_error(sd::test::run_command(command_line(command)), fragment))
+        << command_line(command);
+  };
+  generate_error({"--lora=/nonexistent/lora.safetensors"}, "--lora /nonexistent/lora.safetensors: no such file");
+  const std::string golden = sd::test::golden("tiny-sd1/lora_diffusers.safetensors").string();
+  generate_error({"--lora=" + golden, "--lora=" + golden, "--lora_scale=0.5"},
+                 "--lora_scale given 1 time(s) for 2 --lora file(s)");
+  io::save_safetensors(dir.path() / "unknown.safetensors",
+                       {{"lora_unet_mid_block_foo.lora_down.weight", at::zeros({1, 1})}});
+  generate_error({"--lora=" + (dir.path() / "unknown.safetensors").string()},
+                 "has no Linear or Conv2d layer named lora_unet_mid_block_foo");
+  io::TensorMap wrong = io::load_safetensors(golden);
+  const std::string key = "unet.mid_block.attentions.0.transformer_blocks.0.attn1.to_q.lora.down.weight";
+  wrong[key] = wrong[key].narrow(1, 0, 8).contiguous();
+  io::save_safetensors(dir.path() / "wrong.safetensors", wrong);
+  generate_error({"--lora=" + (dir.path() / "wrong.safetensors").string()},
+                 "mid_block.attentions.0.transformer_blocks.0.attn1.to_q: LoRA down [4, 8] / up [64, 4] do not fit");
+}
+
+}  // namespace
+}  // namespace sd
