@@ -225,8 +225,8 @@ void UNetTrainingTask::write_checkpoint_extras(const fs::path& dir) {
 bool UNetTrainingTask::wants_validation(int64_t step, bool last_step) const {
   // As the script: after every --validation_epochs-th epoch (counting from the first), and after the last step.
   if (o_.validation_prompts.empty() || steps_per_epoch_ == 0) return false;
-  const bool epoch_end = step % steps_per_epoch_ == 0 || last_step;
-  return epoch_end && ((step - 1) / steps_per_epoch_) % o_.validation_epochs == 0;
+  if (last_step) return true;  // the script's final inference round with the trained pipeline
+  return step % steps_per_epoch_ == 0 && ((step - 1) / steps_per_epoch_) % o_.validation_epochs == 0;
 }
 
 at::Tensor UNetTrainingTask::validation_images(int64_t step) {
