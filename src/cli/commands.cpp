@@ -21,6 +21,10 @@ int run(int argc, char** argv) {
   app.set_help_all_flag("--help-all", "Show every subcommand's flags");
   // As Python's argparse: a flag given twice takes its last value (scripts often append overrides).
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  // A bad flag is one line, like every other error (CLI11 adds a second "Run with --help" line by default).
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    return std::string("sdtrain: error: ") + e.what() + " (see --help)\n";
+  });
   std::function<int()> chosen;
   // Each add_* registers one subcommand and sets `chosen` when it is parsed.
   add_init(app, chosen);

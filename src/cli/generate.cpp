@@ -285,7 +285,8 @@ void add_generate(CLI::App& app, std::function<int()>& chosen) {
   flag(cmd, "--strength", o->strength,
        fmt::format("img2img: share of the schedule to run, in (0, 1]; 1 keeps little of the image (default {})",
                    kDefaultStrength));
-  flag(cmd, "--mixed_precision", o->mixed_precision, "bf16 runs the UNet and VAE in bfloat16 (in float32, with a note, on CPUs without AVX-512)")
+  flag(cmd, "--mixed_precision", o->mixed_precision,
+       "bf16 runs the UNet and VAE in bfloat16 (in float32, with a note, on CPUs without AVX-512)")
       ->check(CLI::IsMember({"no", "bf16"}));
   repeated_flag(cmd, "--embeddings", o->embeddings,
                 "A textual-inversion embedding file (diffusers learned_embeds or A1111 format; repeatable)");

@@ -16,8 +16,7 @@ namespace {
 // One object per line. A last line without its newline is what a crash mid-write leaves: it is skipped when it
 // does not parse, so a crashed run, whose report matters most, still gets one.
 std::map<int64_t, nlohmann::json> read_metrics(const fs::path& path) {
-  SD_CHECK(fs::exists(path),
-           "{}: metrics file not found (check --logging_dir; every training run writes it there)",
+  SD_CHECK(fs::exists(path), "{}: metrics file not found (check --logging_dir; every training run writes it there)",
            path.string());
   const std::string text = io::read_text_file(path);
   std::map<int64_t, nlohmann::json> steps;

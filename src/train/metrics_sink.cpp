@@ -7,13 +7,13 @@ namespace sd::train {
 bool reports_to_tensorboard(const std::string& report_to) {
   if (report_to == "tensorboard" || report_to == "all") return true;
   if (report_to == "jsonl") return false;
-  fail("--report_to {}: expected tensorboard, jsonl or all (sdtrain writes files only; wandb and comet need "
-       "their Python clients)",
-       report_to);
+  fail(
+      "--report_to {}: expected tensorboard, jsonl or all (sdtrain writes files only; wandb and comet need "
+      "their Python clients)",
+      report_to);
 }
 
-MetricsSink::MetricsSink(const std::filesystem::path& logging_dir, const std::string& report_to,
-                         int64_t resumed_step)
+MetricsSink::MetricsSink(const std::filesystem::path& logging_dir, const std::string& report_to, int64_t resumed_step)
     : jsonl_(logging_dir / "metrics.jsonl", resumed_step) {
   if (reports_to_tensorboard(report_to)) tensorboard_.emplace(logging_dir);
 }

@@ -46,6 +46,7 @@ void write_synthetic_run(const fs::path& out) {
       sd::test::write_pattern_png(out / "validation" / fmt::format("step-{}-{}.png", step, i), 64, 64, 3 + step + i);
   fs::create_directories(out / "checkpoint-40");
   std::ofstream(out / "checkpoint-40" / "training_state.json") << "{}";
+  std::ofstream(out / "checkpoint-40" / "manifest.json") << "{}";  // whole: the report lists only whole checkpoints
   io::write_text_file(
       out / "logs" / "run.json",
       nlohmann::json{{"command", "sdtrain textual-inversion --seed=7"},

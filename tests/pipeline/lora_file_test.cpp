@@ -37,7 +37,8 @@ TEST(LoraFile, DiffusersFormatHasDiffusersNamesAndFoldsAlphaIntoUp) {
   save_lora_file(path, sample_weights(/*alpha=*/1), LoraFormat::kDiffusers);
   const io::TensorMap t = io::load_safetensors(path);
   EXPECT_EQ(t.size(), 6u);
-  const LoraModule& q = find(sample_weights(1), kUNetModule);
+  const LoraWeights saved = sample_weights(1);
+  const LoraModule& q = find(saved, kUNetModule);
   EXPECT_TRUE(at::equal(t.at("unet." + kUNetModule + ".lora.down.weight"), q.down));
   EXPECT_TRUE(at::allclose(t.at("unet." + kUNetModule + ".lora.up.weight"), q.up * 0.5));  // alpha / rank
   EXPECT_TRUE(t.count("unet." + kConvModule + ".lora.up.weight"));

@@ -253,8 +253,10 @@ TEST(TensorBoard, TrainingRunEventsMatchMetricsAndValidationImages) {
   std::map<std::pair<int64_t, std::string>, float> logged;
   std::map<std::pair<int64_t, std::string>, tensorboard::Summary::Image> images;
   for (const auto& [step, value] : read_values(only_event_file(out / "logs"))) {
-    if (value.has_image()) images[{step, value.tag()}] = value.image();
-    else logged[{step, value.tag()}] = value.simple_value();
+    if (value.has_image())
+      images[{step, value.tag()}] = value.image();
+    else
+      logged[{step, value.tag()}] = value.simple_value();
   }
   std::istringstream lines(io::read_text_file(out / "logs" / "metrics.jsonl"));
   std::string line;
