@@ -2,7 +2,8 @@
 // the machine can do. It runs the real training loop (or txt2img) on synthetic data, under any launcher, and prints
 // one JSON line per rank on stdout and a summary on stderr: seconds per step (median after warm-up), images per
 // second over all ranks, FLOPs per step from the analytic count, achieved GFLOP/s, MFU against the bf16 and float32
-// GEMM peaks measured in the same run, peak resident memory, and the time by op class (perf/op_profiler.h).
+// GEMM peaks measured in the same run, peak resident memory, the time by op class (perf/op_profiler.h) and the bytes
+// the machine's network interfaces carried per step (bench_netns_scaling compares them with the ideal).
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -44,10 +45,12 @@ struct BenchmarkOptions {
   std::string preset = "sd15";
   int resolution = 256;
   int64_t train_batch_size = 1;
+  int gradient_accumulation_steps = 1;
   std::string mixed_precision = "bf16";
   int steps = 5;
   int warmup = 2;
   std::string sharding = "no_shard";
+  double bucket_cap_mb = 25;
   bool gradient_checkpointing = false;
   std::optional<int64_t> lora_rank;  // unet: train LoRA adapters of this rank instead of the whole UNet
   std::string data = "latents";
@@ -62,6 +65,7 @@ struct Measurement {
   std::vector<double> step_seconds;  // measured steps only
   int64_t peak_rss = 0;
   perf::OpProfile profile;
+  perf::NetworkBytes network;   // over the measured steps, through this machine's interfaces
   int64_t flops_per_step = 0;   // this rank's share
   int64_t images_per_step = 0;  // over all ranks
   int world = 1, rank = 0;
@@ -74,6 +78,7 @@ class StepMeter {
   void before(int64_t step) {
     if (step != o_.warmup) return;
     perf::reset_peak_rss();
+    network_start_ = perf::network_bytes();
     if (o_.profile) profiler_.emplace();
   }
   void after(int64_t step, double seconds) {
@@ -85,12 +90,15 @@ class StepMeter {
  private:
   void finish() {
     m_.peak_rss = perf::peak_rss_bytes();
+    const perf::NetworkBytes now = perf::network_bytes();
+    m_.network = {now.sent - network_start_.sent, now.received - network_start_.received};
     if (profiler_) m_.profile = profiler_->profile();
     profiler_.reset();
   }
   const BenchmarkOptions& o_;
   Measurement& m_;
   std::optional<perf::OpProfiler> profiler_;
+  perf::NetworkBytes network_start_;
 };
 
 // A random-weight pipeline of the preset, written once (bf16 weights) under the user's cache folder and reused.
@@ -109,6 +117,8 @@ fs::path preset_dir(const std::string& preset) {
 train::TrainerOptions trainer_options(const BenchmarkOptions& o, StepMeter& meter) {
   train::TrainerOptions t;
   t.train_batch_size = o.train_batch_size;
+  t.gradient_accumulation_steps = o.gradient_accumulation_steps;
+  t.bucket_cap_mb = o.bucket_cap_mb;
   t.max_train_steps = o.warmup + o.steps;
   t.mixed_precision = o.mixed_precision;
   t.sharding = o.sharding;
@@ -136,9 +146,10 @@ void measure_unet_training(const BenchmarkOptions& o, const fs::path& model, Mea
            "the benchmark's training run failed");
   const models::UNetConfig config = models::UNetConfig::load((model / "unet" / "config.json").string());
   const int64_t latent = o.resolution / 8;
-  // Forward, then backward for activations and (full training) for weights: 3x the forward. A LoRA step skips the
-  // frozen weights' gradients (2x); the adapters' own work is well under 1% of it.
-  m.flops_per_step = (o.lora_rank ? 2 : 3) * models::count_forward_flops(config, o.train_batch_size, latent, latent);
+  // Forward, then backward for activations and (full training) for weights: 3x the forward, for each micro-batch.
+  // A LoRA step skips the frozen weights' gradients (2x); the adapters' own work is well under 1% of it.
+  m.flops_per_step = (o.lora_rank ? 2 : 3) * o.gradient_accumulation_steps *
+                     models::count_forward_flops(config, o.train_batch_size, latent, latent);
 }
 
 void measure_textual_inversion(const BenchmarkOptions& o, const fs::path& model, const fs::path& work, Measurement& m) {
@@ -161,7 +172,8 @@ void measure_textual_inversion(const BenchmarkOptions& o, const fs::path& model,
   const models::UNetConfig config = models::UNetConfig::load((model / "unet" / "config.json").string());
   const int64_t latent = o.resolution / 8;
   // The frozen UNet: forward, then backward for activations only.
-  m.flops_per_step = 2 * models::count_forward_flops(config, o.train_batch_size, latent, latent);
+  m.flops_per_step =
+      2 * o.gradient_accumulation_steps * models::count_forward_flops(config, o.train_batch_size, latent, latent);
 }
 
 void measure_generation(const BenchmarkOptions& o, const fs::path& model, Measurement& m) {
@@ -224,8 +236,9 @@ int run_benchmark(BenchmarkOptions o) {
   // Peaks with the threads the run used (the training run sized the pool for this rank).
   const double bf16_peak = perf::gemm_gflops(at::kBFloat16), fp32_peak = perf::gemm_gflops(at::kFloat);
   const double seconds = median(m.step_seconds);
-  // A training step takes a batch per rank; a generation takes all its denoising steps for one batch.
-  const double images_per_s = static_cast<double>(o.train_batch_size * m.world) /
+  // A training step takes a batch per micro-batch and rank; a generation takes all its denoising steps for one batch.
+  const int64_t micro_batches = o.task == "generate" ? 1 : o.gradient_accumulation_steps;
+  const double images_per_s = static_cast<double>(o.train_batch_size * micro_batches * m.world) /
                               (o.task == "generate" ? seconds * static_cast<double>(m.step_seconds.size()) : seconds);
   const double gflops = static_cast<double>(m.flops_per_step) / seconds / 1e9;
   const train::PrecisionPolicy precision = train::PrecisionPolicy::from_flag(o.mixed_precision);
@@ -235,9 +248,11 @@ int run_benchmark(BenchmarkOptions o) {
                {"model", o.model.empty() ? o.preset : o.model},
                {"resolution", o.resolution},
                {"train_batch_size", o.train_batch_size},
+               {"gradient_accumulation_steps", micro_batches},
                {"mixed_precision", o.mixed_precision},
                {"compute_dtype", dtype_name(precision.compute)},
                {"sharding", o.sharding},
+               {"bucket_cap_mb", o.bucket_cap_mb},
                {"world_size", m.world},
                {"threads", at::get_num_threads()},
                {"s_per_step", seconds},
@@ -248,7 +263,10 @@ int run_benchmark(BenchmarkOptions o) {
                {"gemm_peak_gflops", {{"bf16", bf16_peak}, {"float32", fp32_peak}}},
                {"mfu", gflops / compute_peak},
                {"peak_rss_gib", static_cast<double>(m.peak_rss) / (1 << 30)},
-               {"op_seconds", m.profile.seconds}};
+               {"op_seconds", m.profile.seconds},
+               {"network_bytes_per_step",
+                {{"sent", static_cast<double>(m.network.sent) / static_cast<double>(m.step_seconds.size())},
+                 {"received", static_cast<double>(m.network.received) / static_cast<double>(m.step_seconds.size())}}}};
   std::printf("%s\n", line.dump().c_str());
   std::fflush(stdout);
   log::info(
@@ -285,8 +303,12 @@ void add_benchmark(CLI::App& app, std::function<int()>& chosen) {
   flag(cmd, "--mixed_precision", o->mixed_precision, "no or bf16")->check(CLI::IsMember({"no", "bf16"}));
   flag(cmd, "--steps", o->steps, "Measured steps (generate: --num_inference_steps)")->check(CLI::PositiveNumber);
   flag(cmd, "--warmup", o->warmup, "Untimed steps first")->check(CLI::NonNegativeNumber);
+  flag(cmd, "--gradient_accumulation_steps", o->gradient_accumulation_steps, "Micro-batches per rank per step")
+      ->check(CLI::PositiveNumber);
   flag(cmd, "--sharding", o->sharding, "no_shard or shard_grad_op (training)")
       ->check(CLI::IsMember({"no_shard", "shard_grad_op"}));
+  flag(cmd, "--bucket_cap_mb", o->bucket_cap_mb, "MiB of float32 gradients per communication bucket (training)")
+      ->check(CLI::PositiveNumber);
   switch_flag(cmd, "--gradient_checkpointing", o->gradient_checkpointing, "Recompute activations in backward");
   flag(cmd, "--lora_rank", o->lora_rank,
        "unet: train LoRA adapters of this rank (diffusers' defaults) instead of the UNet")

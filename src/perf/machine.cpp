@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,28 @@ int64_t peak_rss_bytes() {
   while (std::getline(status, line))
     if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
   return -1;
+}
+
+NetworkBytes network_bytes() {
+  // After two header lines, one line per interface: "  eth1: rx_bytes rx_packets ... (8 fields) tx_bytes ...".
+  std::ifstream dev("/proc/net/dev");
+  std::string line;
+  NetworkBytes total;
+  for (int i = 0; std::getline(dev, line); ++i) {
+    const size_t colon = line.find(':');
+    if (i < 2 || colon == std::string::npos) continue;
+    std::string name = line.substr(0, colon);
+    name.erase(0, name.find_first_not_of(' '));
+    if (name == "lo") continue;
+    std::istringstream fields(line.substr(colon + 1));
+    int64_t received = 0, skipped = 0, sent = 0;
+    fields >> received;
+    for (int f = 0; f < 7; ++f) fields >> skipped;
+    fields >> sent;
+    total.sent += sent;
+    total.received += received;
+  }
+  return total;
 }
 
 double gemm_gflops(at::ScalarType dtype, int64_t n, int repeats) {

@@ -1,4 +1,5 @@
-// What a benchmark measures about the machine: peak resident memory and the GEMM throughput MFU is taken against.
+// What a benchmark measures about the machine: peak resident memory, network traffic and the GEMM throughput MFU is
+// taken against.
 #pragma once
 #include <ATen/ATen.h>
 
@@ -10,6 +11,13 @@ namespace sd::perf {
 void reset_peak_rss();
 // The kernel's high-water mark of this process's resident memory (VmHWM), or -1 if unknown.
 int64_t peak_rss_bytes();
+
+// Bytes this machine's network interfaces (all but loopback, in this process's network namespace) have sent and
+// received since they came up, from /proc/net/dev: the difference over a stretch of training is its traffic.
+struct NetworkBytes {
+  int64_t sent = 0, received = 0;
+};
+NetworkBytes network_bytes();
 
 // GFLOP/s of LibTorch's at::mm on n x n matrices of `dtype` with the current intra-op threads: the median of
 // `repeats` after a warm-up. What the machine's matmul kernels reach, the denominator of MFU.

@@ -123,6 +123,8 @@ Trainer::Trainer(const TrainerOptions& options, RunContext& context, Task& task)
   trainable.precision = context_.precision;
   trainable.sharding = parse_sharding(options_.sharding);
   trainable.adam = options_.adam;
+  SD_CHECK(options_.bucket_cap_mb > 0, "--bucket_cap_mb must be positive, got {}", options_.bucket_cap_mb);
+  trainable.bucket_cap_bytes = static_cast<int64_t>(options_.bucket_cap_mb * (1 << 20));
   if (options_.use_ema) trainable.ema = options_.ema;
   params_ = std::make_unique<TrainableParameters>(task_.trainable_parameters(), trainable, context_.comm);
 

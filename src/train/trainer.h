@@ -57,6 +57,9 @@ struct TrainerOptions {
   std::optional<int> threads;
   double dist_timeout_s = 300;
   std::string dist_iface;
+  // Float32 gradients per communication bucket (PyTorch DDP's bucket_cap_mb): smaller buckets start travelling
+  // earlier in backward but cost more messages.
+  double bucket_cap_mb = 25;
   // The command line, kept in <logging_dir>/run.json for reports.
   nlohmann::json run_info = nlohmann::json::object();
   // For tools that measure the loop (sdtrain benchmark): called on every rank before and after each step; with
