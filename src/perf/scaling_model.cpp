@@ -51,11 +51,14 @@ StepPrediction predict_step(const StepModel& m) {
     p.messages += p.buckets * steps_per_bucket;
     p.wire_bytes += bucket_bytes * p.buckets * steps_per_bucket / n;
   }
-  double t = std::max(compute_end, link.free_at) + m.update_s;
+  // Every step ends with the mean loss over ranks, one scalar allreduce.
+  const double scalar_allreduce_s = 2 * ring * m.link.latency_s;
+  double t = std::max(compute_end, link.free_at) + m.update_s + scalar_allreduce_s;
+  p.messages += 2 * ring;
   if (m.sharded && n > 1) {
-    // The global gradient norm, one scalar allreduce, comes before the update; then the updated compute weights
-    // are all-gathered with nothing left to hide behind.
-    t += 2 * ring * m.link.latency_s;
+    // The global gradient norm, one more scalar allreduce, comes before the update; then the updated compute
+    // weights are all-gathered with nothing left to hide behind.
+    t += scalar_allreduce_s;
     const double weight_bytes = m.compute_weight_bytes * static_cast<double>(m.parameters) / p.buckets;
     const double gather_s = p.buckets * ring_seconds(weight_bytes, n, ring, m.link);
     t += gather_s;

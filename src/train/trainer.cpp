@@ -18,6 +18,7 @@
 #include "io/atomic_file.h"
 #include "io/image.h"
 #include "io/json_config.h"
+#include "perf/op_profiler.h"
 #include "pipeline/txt2img.h"
 #include "train/checkpoints.h"
 #include "train/run_agreement.h"
@@ -183,7 +184,10 @@ StepReport Trainer::train_step() {
   report.step = state_.step + 1;
   report.grad_norm = params_->reduce_gradients(layout.accumulation, options_.max_grad_norm);
   std::vector<at::Tensor> loss{at::tensor(loss_sum / static_cast<double>(layout.accumulation), at::kDouble)};
-  context_.comm->allreduce_mean(loss);
+  {
+    SD_PERF_SCOPE("sdtrain::communication");
+    context_.comm->allreduce_mean(loss);
+  }
   report.loss = loss[0].item<double>();
   report.lr = base_lr_ * lr_multiplier(schedule_, state_.step, base_lr_);
   // Every rank sees the same global loss and norm, so all of them take the same branch.
