@@ -9,9 +9,11 @@
 //   [--steps 8] [--warmup 3] [--repeats 1] [--work DIR]
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
-#include <cstring>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -104,6 +106,10 @@ double allreduce_seconds(const std::string& sdtrain, const sd::test::Machines& m
   for (const json& line :
        run_ranks(machines, machines.count(), {sdtrain, "dist-check", "--threads=1", "--size_mb", std::to_string(mib)}))
     seconds.push_back(line.at("allreduce_s").get<double>());
+  if (seconds.empty()) {
+    std::fprintf(stderr, "bench_netns_scaling: sdtrain dist-check failed between the machines\n");
+    std::exit(1);
+  }
   return sd::bench::median(seconds);
 }
 
@@ -113,8 +119,10 @@ struct EffectiveLink {
   double host_gbit_per_s = 0, gbit_per_s = 0, latency_s = 0;
 };
 
-EffectiveLink measure_link(const std::string& sdtrain, sd::test::Machines& machines, const sd::test::LinkShape& shape,
-                           std::string& err) {
+// Measures the hosts' cost on the unshaped links, then shapes them (`err` says why that failed) and measures the
+// latency through the shaping.
+EffectiveLink shape_and_measure_link(const std::string& sdtrain, sd::test::Machines& machines,
+                                     const sd::test::LinkShape& shape, std::string& err) {
   const int n = machines.count();
   const double mib = 16, ring_steps = 2.0 * (n - 1);
   const double wire_bits_per_rank = ring_steps / n * mib * (1 << 20) * 8;
@@ -210,7 +218,7 @@ int main(int argc, char** argv) {
   sd::test::Machines machines(*std::max_element(o.machines.begin(), o.machines.end()));
   std::string err = machines.create();
   EffectiveLink link;
-  if (err.empty()) link = measure_link(sdtrain, machines, {o.gbit, o.delay_ms}, err);
+  if (err.empty()) link = shape_and_measure_link(sdtrain, machines, {o.gbit, o.delay_ms}, err);
   if (!err.empty()) {
     std::fprintf(stderr, "bench_netns_scaling: %s\n", err.c_str());
     return 1;

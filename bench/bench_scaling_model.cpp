@@ -19,7 +19,7 @@ using nlohmann::json;
 
 struct Options {
   // MosaicML's diffusion-benchmark on one P5 node (8 x H100), micro-batch 4, EMA: 189.28 images/s (AWS,
-  // awsome-distributed-training, 3.test_cases/6.stable-diffusion/README.md), i.e. 23.66 per GPU.
+  // awsome-distributed-training, 3.test_cases/pytorch/mosaicml-composer/stable-diffusion/README.md), 23.66 per GPU.
   double gpu_images_per_s = 189.28 / 8;
   int micro_batch = 4;
   // Per message of a ring step: NIC, switch and library overhead (NCCL over EFA or RoCE is in the tens of us).
