@@ -4,6 +4,7 @@
 // 3200 Gbit/s EFA) at 8 and 64 nodes, against the efficiencies AWS published. Prints JSON lines; the assumptions
 // are flags and are printed with the results. See docs/scaling.md.
 // Usage: build/bench_scaling_model [--gpu_images_per_s 23.66] [--micro_batch 4] [--latency_us 25] [--target 0.9]
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -109,7 +110,7 @@ int main(int argc, char** argv) {
   const int global_batch = 2048, gpus_per_node = 8;
   for (auto [nodes, published] : {std::pair{8, 0.87}, std::pair{64, 0.44}}) {
     sd::perf::StepModel m = sd2_rank(o, parameters, micro_batch_s, nodes, true, 3200);
-    m.micro_batches = global_batch / (gpus_per_node * o.micro_batch * nodes);
+    m.micro_batches = std::max(1, global_batch / (gpus_per_node * o.micro_batch * nodes));
     m.update_s = o.update_s / (gpus_per_node * nodes);  // FSDP shards over every GPU
     const sd::perf::StepPrediction p = sd::perf::predict_step(m);
     std::printf("%s\n", json{{"comparison", "MosaicML SD-2 on AWS P5"},

@@ -129,9 +129,11 @@ TEST_F(NetnsMachines, ShapedLinksCarryBytesAtTheirRate) {
     ASSERT_EQ(lines.size(), 2u);
     const double ideal_s = bytes * 8 / (gbit_per_s * 1e9);
     for (const auto& l : lines) {
-      // Headers add a few percent; the token bucket's burst lets ~1% through faster.
+      // Never faster than the rate (the token bucket's burst lets ~1% through early). Slower by the hosts' own
+      // work: 1.1-1.4x on an idle 2-core host, up to ~1.7x when other builds load it; a misconfigured limit is
+      // off by far more.
       EXPECT_GT(l.at("allreduce_s").get<double>(), 0.9 * ideal_s) << gbit_per_s << " Gbit/s: " << l;
-      EXPECT_LT(l.at("allreduce_s").get<double>(), 1.4 * ideal_s) << gbit_per_s << " Gbit/s: " << l;
+      EXPECT_LT(l.at("allreduce_s").get<double>(), 2.5 * ideal_s) << gbit_per_s << " Gbit/s: " << l;
     }
     EXPECT_GT(machines_->traffic(0).sent - sent_before, bytes);
   }
