@@ -3,6 +3,7 @@
 #pragma once
 #include <ATen/Parallel.h>
 #include <sys/resource.h>
+#include <stb_image_write.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "io/image.h"
 #include "perf/machine.h"
 
@@ -95,6 +97,24 @@ inline void write_bench_images(const std::filesystem::path& dir, int count) {
     sd::io::RgbImage image{600, 520, std::vector<uint8_t>(600 * 520 * 3)};
     for (size_t p = 0; p < image.pixels.size(); ++p) image.pixels[p] = static_cast<uint8_t>((p * (3 + i)) % 241);
     sd::io::save_png(dir / ("img" + std::to_string(i) + ".png"), image);
+  }
+}
+
+// `count` width x height JPEGs (quality 90) with kohya captions beside them (imgK.jpg + imgK.txt) in `dir`: smooth
+// gradients with a fine texture, so they compress about as photos do rather than to almost nothing.
+inline void write_bench_jpegs(const std::filesystem::path& dir, int count, int width, int height) {
+  std::filesystem::create_directories(dir);
+  for (int i = 0; i < count; ++i) {
+    std::vector<uint8_t> pixels(static_cast<size_t>(width) * height * 3);
+    for (int y = 0; y < height; ++y)
+      for (int x = 0; x < width; ++x)
+        for (int c = 0; c < 3; ++c)
+          pixels[(static_cast<size_t>(y) * width + x) * 3 + c] =
+              static_cast<uint8_t>((x * (c + 1) + y * (3 - c) + 37 * i) / 4 + ((x * 7 + y * 13 + i) % 23));
+    const std::string stem = (dir / ("img" + std::to_string(i))).string();
+    SD_CHECK(stbi_write_jpg((stem + ".jpg").c_str(), width, height, 3, pixels.data(), 90) != 0,
+             "{}.jpg: cannot write the benchmark image", stem);
+    std::ofstream(stem + ".txt") << "a benchmark image, number " << i << ", gradient, texture";
   }
 }
 

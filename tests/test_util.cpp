@@ -1,6 +1,7 @@
 #include "test_util.h"
 
 #include "core/cpu_features.h"
+#include "core/error.h"
 #include "io/image.h"
 #include "models/unet/unet_2d_condition.h"
 
@@ -71,6 +72,15 @@ CommandResult run_command(const std::string& command) {
   int status = pclose(pipe);
   int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return {code, output};
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const sd::Error& e) {
+    return e.what();
+  }
+  return "";
 }
 
 ::testing::AssertionResult is_one_line_error(const CommandResult& result, const std::string& fragment) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <functional>
 #include <set>
 #include <string>
 
@@ -61,6 +62,9 @@ struct CommandResult {
   std::string output;
 };
 CommandResult run_command(const std::string& command);
+
+// The message of the sd::Error that `f` throws; "" when it throws none.
+std::string error_of(const std::function<void()>& f);
 
 // How sdtrain reports bad input: a non-zero exit and exactly one line, "sdtrain: error: ...", containing `fragment`.
 ::testing::AssertionResult is_one_line_error(const CommandResult& result, const std::string& fragment);

@@ -137,9 +137,9 @@ void measure_unet_training(const BenchmarkOptions& o, const fs::path& model, Mea
   train::LoraTrainingOptions u;  // the UNet options, plus LoRA's for --lora_rank
   u.training = trainer_options(o, meter);
   u.pretrained_model_name_or_path = model.string();
-  u.synthetic_data = o.data;
-  u.synthetic_samples = 1 << 20;
-  u.resolution = o.resolution;
+  u.data.synthetic_data = o.data;
+  u.data.synthetic_samples = 1 << 20;
+  u.data.transform.resolution = o.resolution;
   u.gradient_checkpointing = o.gradient_checkpointing;
   if (o.lora_rank) u.lora_rank = *o.lora_rank;
   SD_CHECK((o.lora_rank ? train::run_lora_training(u) : train::run_unet_training(u)) == 0,

@@ -1,8 +1,9 @@
 // `sdtrain train`: full UNet training with the flags of diffusers' examples/text_to_image/train_text_to_image.py,
 // same names and defaults, or with --lora_rank LoRA training as train_text_to_image_lora.py does it, plus the data and
-// initialisation options of the MosaicML and Ray/Anyscale recipes (synthetic data, UNet from scratch, a global batch)
-// and a reference-run replay.
+// initialisation options of the MosaicML and Ray/Anyscale recipes (WebDataset shards, precomputed latents, synthetic
+// data, UNet from scratch, a global batch), kohya's buckets and caption options, and a reference-run replay.
 #include "cli/commands.h"
+#include "cli/data_flags.h"
 #include "cli/flags.h"
 #include "cli/training_flags.h"
 #include "train/tasks/lora_training.h"
@@ -29,35 +30,41 @@ void add_train(CLI::App& app, std::function<int()>& chosen) {
               "Recompute UNet activations in backward to save memory")
       ->group(model);
 
-  const std::string data = "Data (one of --train_data_dir, --synthetic_data, --replay_inputs)";
-  flag(cmd, "--train_data_dir", o->train_data_dir,
-       "Images with a metadata.jsonl (Hugging Face imagefolder) or with .txt captions beside them (kohya)")
+  data::TrainingDataOptions& d = o->data;
+  const std::string data =
+      "Data (one of --train_data_dir, --train_shards, --train_latents, --synthetic_data, --replay_inputs)";
+  add_image_caption_flags(cmd, d, data);
+  flag(cmd, "--train_latents", d.train_latents,
+       "Latents and text embeddings written by `sdtrain preprocess`: trains with no VAE or text encoder in memory")
       ->group(data);
-  flag(cmd, "--image_column", o->image_column, "metadata.jsonl column of the image ('image' means file_name)")
-      ->group(data);
-  flag(cmd, "--caption_column", o->caption_column, "metadata.jsonl column of the caption (a string or a list)")
-      ->group(data);
-  flag(cmd, "--max_train_samples", o->max_train_samples, "Train on a seeded random subset of this many samples")
+  flag(cmd, "--max_train_samples", d.max_train_samples, "Train on a seeded random subset of this many samples")
       ->check(CLI::PositiveNumber)
       ->group(data);
-  flag(cmd, "--synthetic_data", o->synthetic_data,
+  flag(cmd, "--synthetic_data", d.synthetic_data,
        "images: random images and captions; latents: random latents and text embeddings (no VAE or text encoder)")
       ->check(CLI::IsMember({"images", "latents"}))
       ->group(data);
-  flag(cmd, "--synthetic_samples", o->synthetic_samples, "Samples in one synthetic epoch")
+  flag(cmd, "--synthetic_samples", d.synthetic_samples, "Samples in one synthetic epoch")
       ->check(CLI::PositiveNumber)
       ->group(data);
-  flag(cmd, "--replay_inputs", o->replay_inputs,
+  flag(cmd, "--replay_inputs", d.replay_inputs,
        "Replay a reference run's steps from a safetensors file (stepK.latents, .noise, .timesteps, "
        ".encoder_hidden_states); writes replay.safetensors with each step's loss, lr and grad norm")
       ->group(data);
-  flag(cmd, "--resolution", o->resolution, "Training image size")->check(CLI::PositiveNumber)->group(data);
-  switch_flag(cmd, "--center_crop", o->center_crop, "Center-crop after resizing (default: random crop)")->group(data);
-  switch_flag(cmd, "--random_flip", o->random_flip, "Flip images horizontally at random")->group(data);
-  flag(cmd, "--dataloader_num_workers", o->dataloader_num_workers,
-       "Loader threads decoding and augmenting images ahead of the step (0 or 1: one thread)")
-      ->check(CLI::NonNegativeNumber)
+  flag(cmd, "--resolution", d.transform.resolution, "Training image size")->check(CLI::PositiveNumber)->group(data);
+  switch_flag(cmd, "--center_crop", d.transform.center_crop, "Center-crop after resizing (default: random crop)")
       ->group(data);
+  switch_flag(cmd, "--random_flip", d.transform.random_flip, "Flip images horizontally at random")->group(data);
+
+  const std::string buckets = "Aspect-ratio buckets and captions";
+  add_bucket_flags(cmd, d, buckets);
+  flag(cmd, "--caption_dropout_probability", d.captions.dropout_probability,
+       "Train this share of sample uses with an empty caption, for classifier-free guidance (MosaicML: 0.1)")
+      ->group(buckets);
+  switch_flag(cmd, "--shuffle_caption", d.captions.shuffle, "Shuffle the comma-separated tags of each caption (kohya)")
+      ->group(buckets);
+  flag(cmd, "--keep_tokens", d.captions.keep_tokens, "With --shuffle_caption: keep the first N tags in place")
+      ->group(buckets);
 
   const std::string loss = "Loss";
   flag(cmd, "--snr_gamma", o->snr_gamma, "Min-SNR loss weighting gamma (arXiv 2303.09556; 5.0 is recommended)")

@@ -62,24 +62,26 @@ std::vector<Resolution> make_bucket_resolutions(const BucketSettings& settings) 
 BucketAssignment assign_bucket(const std::vector<Resolution>& buckets, Resolution image) {
   SD_CHECK(!buckets.empty(), "no buckets to assign an image to");
   SD_CHECK(image.width > 0 && image.height > 0, "cannot bucket an image of {}x{} pixels", image.width, image.height);
+  if (std::find(buckets.begin(), buckets.end(), image) != buckets.end()) return fit_to_bucket(image, image);
+  // np.argmin: the first of the smallest differences, in the buckets' sorted order.
   const double image_ratio = aspect_ratio(image);
+  return fit_to_bucket(image, *std::min_element(buckets.begin(), buckets.end(), [&](Resolution x, Resolution y) {
+                         return std::abs(aspect_ratio(x) - image_ratio) < std::abs(aspect_ratio(y) - image_ratio);
+                       }));
+}
+
+BucketAssignment fit_to_bucket(Resolution image, Resolution bucket) {
   BucketAssignment a;
-  if (std::find(buckets.begin(), buckets.end(), image) != buckets.end()) {
-    a.bucket = image;
-  } else {
-    // np.argmin: the first of the smallest differences, in the buckets' sorted order.
-    a.bucket = *std::min_element(buckets.begin(), buckets.end(), [&](Resolution x, Resolution y) {
-      return std::abs(aspect_ratio(x) - image_ratio) < std::abs(aspect_ratio(y) - image_ratio);
-    });
-  }
+  a.bucket = bucket;
   // Scale so the image covers the bucket: match the side along which the image is relatively shorter.
-  const double scale = image_ratio > aspect_ratio(a.bucket) ? static_cast<double>(a.bucket.height) / image.height
-                                                            : static_cast<double>(a.bucket.width) / image.width;
+  const double image_ratio = aspect_ratio(image);
+  const double scale = image_ratio > aspect_ratio(bucket) ? static_cast<double>(bucket.height) / image.height
+                                                          : static_cast<double>(bucket.width) / image.width;
   a.resized = {round_half_up(image.width * scale), round_half_up(image.height * scale)};
   // Covering means resized >= bucket on both sides, so the offsets are never negative.
-  a.crop_left = (a.resized.width - a.bucket.width) / 2;
-  a.crop_top = (a.resized.height - a.bucket.height) / 2;
-  a.aspect_error = aspect_ratio(a.bucket) - image_ratio;
+  a.crop_left = (a.resized.width - bucket.width) / 2;
+  a.crop_top = (a.resized.height - bucket.height) / 2;
+  a.aspect_error = aspect_ratio(bucket) - image_ratio;
   return a;
 }
 

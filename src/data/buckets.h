@@ -45,4 +45,8 @@ struct BucketAssignment {
 // the image has no pixels.
 BucketAssignment assign_bucket(const std::vector<Resolution>& buckets, Resolution image);
 
+// How an image of size `image` trains at `bucket`, whichever bucket it is (assign_bucket's choice, or the bucket
+// planned for a sample whose replacement has another shape).
+BucketAssignment fit_to_bucket(Resolution image, Resolution bucket);
+
 }  // namespace sd::data

@@ -1,112 +1,75 @@
 #include "data/image_caption_dataset.h"
 
-#include <algorithm>
-#include <cctype>
-#include <nlohmann/json.hpp>
-#include <sstream>
-
-#include "core/error.h"
 #include "core/log.h"
-#include "io/atomic_file.h"
+#include "data/prefetcher.h"
 
 namespace sd::data {
 
-namespace fs = std::filesystem;
-using nlohmann::json;
-
-bool is_image_path(const fs::path& path) {
-  std::string ext = path.extension().string();
-  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
-  return ext == ".jpg" || ext == ".jpeg" || ext == ".png" || ext == ".bmp" || ext == ".webp";
-}
-
 namespace {
 
-std::vector<fs::path> files_under(const fs::path& dir) {
-  std::vector<fs::path> files;
-  for (const auto& entry : fs::recursive_directory_iterator(dir))
-    if (entry.is_regular_file()) files.push_back(entry.path());
-  std::sort(files.begin(), files.end());
-  return files;
-}
-
-std::vector<std::string> captions_of(const json& value, const std::string& where) {
-  if (value.is_string()) return {value.get<std::string>()};
-  if (value.is_array() && !value.empty() &&
-      std::all_of(value.begin(), value.end(), [](const json& v) { return v.is_string(); }))
-    return value.get<std::vector<std::string>>();
-  fail("{}: the caption column should contain either strings or lists of strings", where);
-}
-
-// One metadata.jsonl: its lines become samples of images in the same folder tree.
-void read_metadata(const fs::path& metadata, const ImageCaptionDatasetOptions& o,
-                   std::vector<ImageCaptionSample>& samples) {
-  const std::string image_key = o.image_column == "image" ? "file_name" : o.image_column;
-  std::istringstream in(io::read_text_file(metadata));
-  int line_number = 0;
-  for (std::string line; std::getline(in, line);) {
-    ++line_number;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const std::string where = fmt::format("{} line {}", metadata.string(), line_number);
-    const json row = json::parse(line, nullptr, /*allow_exceptions=*/false);
-    SD_CHECK(row.is_object(), "{}: not a JSON object", where);
-    SD_CHECK(row.contains(image_key) && row[image_key].is_string(),
-             "{}: no '{}' (--image_column {}); the columns are {}", where, image_key, o.image_column, row.dump());
-    SD_CHECK(row.contains(o.caption_column), "{}: no caption column '{}' (--caption_column); the columns are {}", where,
-             o.caption_column, row.dump());
-    const fs::path image = metadata.parent_path() / row[image_key].get<std::string>();
-    SD_CHECK(fs::is_regular_file(image), "{}: image {} not found", where, image.string());
-    samples.push_back({image, captions_of(row[o.caption_column], where)});
+io::RgbImage decode_image(const std::string& bytes, const std::string& name) {
+  try {
+    return io::decode_image_rgb(bytes, name);
+  } catch (const Error& e) {
+    throw UnusableSample(e.what());
   }
 }
 
-// A kohya caption file's text (its first line, trimmed), or "" when the image has none.
-std::string kohya_caption(const fs::path& image, int64_t& missing) {
-  for (const char* ext : {".txt", ".caption"}) {
-    fs::path path = image;
-    path.replace_extension(ext);
-    if (!fs::is_regular_file(path)) continue;
-    std::string text = io::read_text_file(path);
-    text = text.substr(0, text.find('\n'));
-    const auto first = text.find_first_not_of(" \t\r"), last = text.find_last_not_of(" \t\r");
-    return first == std::string::npos ? "" : text.substr(first, last - first + 1);
-  }
-  ++missing;
-  return "";
+// Enough of a file for the headers of nearly every image; JPEGs with a large EXIF block before their frame header
+// are read whole.
+constexpr uint64_t kImageHeadBytes = 16 * 1024;
+
+std::optional<Resolution> size_from_header(const ImageCaptionDataset& dataset, int64_t index) {
+  std::string head = dataset.image_head(index, kImageHeadBytes);
+  std::optional<std::pair<int, int>> size = io::image_size(head);
+  if (!size && head.size() == kImageHeadBytes) size = io::image_size(dataset.image_head(index, UINT64_MAX));
+  if (!size) return std::nullopt;
+  return Resolution{size->first, size->second};
 }
 
 }  // namespace
 
-ImageCaptionDataset::ImageCaptionDataset(const ImageCaptionDatasetOptions& o) {
-  SD_CHECK(fs::is_directory(o.data_dir), "--train_data_dir {}: not a directory", o.data_dir.string());
-  const std::vector<fs::path> files = files_under(o.data_dir);
-  std::vector<fs::path> metadata;
-  for (const auto& f : files)
-    if (f.filename() == "metadata.jsonl") metadata.push_back(f);
-  if (!metadata.empty()) {
-    layout_ = "imagefolder";
-    for (const auto& m : metadata) read_metadata(m, o, samples_);
-  } else {
-    layout_ = "kohya";
-    int64_t missing = 0;
-    for (const auto& f : files)
-      if (is_image_path(f)) samples_.push_back({f, {kohya_caption(f, missing)}});
-    if (missing > 0)
-      log::warn(
-          "--train_data_dir {}: {} image(s) have no caption file (.txt or .caption) and train with an empty "
-          "caption",
-          o.data_dir.string(), missing);
+DecodedSample ImageCaptionDataset::decode(int64_t index) const {
+  const int64_t n = size();
+  for (int64_t tried = 0; tried < n; ++tried) {
+    const int64_t candidate = (index + tried) % n;
+    try {
+      EncodedSample sample = read(candidate);
+      return {decode_image(sample.image, describe(candidate)), std::move(sample.captions)};
+    } catch (const UnusableSample& e) {
+      log::warn_every_rank("{}; the next sample is used in its place ({} sample(s) replaced so far)", e.what(),
+                           ++replaced_);
+    }
   }
-  SD_CHECK(!samples_.empty(),
-           "--train_data_dir {}: no training images (expected images with a metadata.jsonl, the Hugging Face "
-           "imagefolder layout, or images with .txt captions beside them)",
-           o.data_dir.string());
+  fail("none of the {} training samples can be used (every image fails to decode or has no readable caption)", n);
 }
 
-void ImageCaptionDataset::select(const std::vector<int64_t>& indices) {
-  std::vector<ImageCaptionSample> kept;
-  for (int64_t i : indices) kept.push_back(samples_.at(i));
-  samples_ = std::move(kept);
+std::vector<Resolution> image_sizes(const ImageCaptionDataset& dataset, Resolution fallback, int threads) {
+  // Chunks of samples per job: one job per image would cost more in bookkeeping than the header read.
+  constexpr int64_t kChunk = 256;
+  Prefetcher<std::vector<std::optional<Resolution>>> workers(threads);
+  for (int64_t begin = 0; begin < dataset.size(); begin += kChunk) {
+    const int64_t end = std::min(dataset.size(), begin + kChunk);
+    workers.request([&dataset, begin, end] {
+      std::vector<std::optional<Resolution>> sizes;
+      for (int64_t i = begin; i < end; ++i) sizes.push_back(size_from_header(dataset, i));
+      return sizes;
+    });
+  }
+  std::vector<Resolution> sizes;
+  int64_t unreadable = 0;
+  std::string example;
+  double ignored = 0;
+  while (workers.pending() > 0) {
+    for (const std::optional<Resolution>& size : workers.next(ignored)) {
+      if (!size && unreadable++ == 0) example = dataset.describe(static_cast<int64_t>(sizes.size()));
+      sizes.push_back(size.value_or(fallback));
+    }
+  }
+  if (unreadable > 0)
+    log::warn_every_rank("{} image(s) have no readable size in their header (e.g. {}); they are bucketed as {}x{}",
+                         unreadable, example, fallback.width, fallback.height);
+  return sizes;
 }
 
 }  // namespace sd::data

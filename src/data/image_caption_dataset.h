@@ -1,46 +1,66 @@
-// Image-caption training data on disk, in the two layouts people keep it in:
-//   Hugging Face imagefolder: images plus metadata.jsonl files whose lines name an image ("file_name", relative to
-//     the metadata file's folder) and its caption column (a string, or a list of which training picks one at random),
-//     as diffusers' train_text_to_image.py reads --train_data_dir with datasets' "imagefolder" builder;
-//   kohya: every image with a caption file of the same stem beside it (img.png + img.txt or img.caption).
-// Only the listing happens here; images are decoded when a sample is loaded (data/image_transforms.h).
+// Image-caption training data before decoding, wherever it is kept: an image folder (data/image_folder_dataset.h)
+// or WebDataset tar shards (data/webdataset.h). A dataset is map-style: sample i's encoded image and captions can be
+// read on their own, on any thread, so the sampler's permutation decides what each rank reads and nothing else does.
 #pragma once
+#include <atomic>
 #include <cstdint>
-#include <filesystem>
 #include <string>
 #include <vector>
 
+#include "core/error.h"
+#include "data/buckets.h"
+#include "data/sampler.h"
+#include "io/image.h"
+
 namespace sd::data {
 
-struct ImageCaptionSample {
-  std::filesystem::path image;
+// A sample whose content cannot be used (its image does not decode, its caption cannot be read). The loader
+// replaces it (ImageCaptionDataset::decode) rather than stopping a run over one bad member of millions.
+class UnusableSample : public Error {
+ public:
+  using Error::Error;
+};
+
+// A sample's image file, not yet decoded, and its captions.
+struct EncodedSample {
+  std::string image;                  // the bytes of a JPEG, PNG, BMP or WebP file
   std::vector<std::string> captions;  // one of them is the sample's caption
 };
 
-struct ImageCaptionDatasetOptions {
-  std::filesystem::path data_dir;
-  std::string image_column = "image";  // "image" is imagefolder's name for the file_name column
-  std::string caption_column = "text";
+struct DecodedSample {
+  io::RgbImage image;
+  std::vector<std::string> captions;
 };
 
 class ImageCaptionDataset {
  public:
-  // Lists the folder. Throws sd::Error naming the folder or file for: no such folder, no images, a metadata line
-  // that is not JSON or lacks the columns, a caption of the wrong type, an image named but missing.
-  explicit ImageCaptionDataset(const ImageCaptionDatasetOptions& options);
+  virtual ~ImageCaptionDataset() = default;
 
-  int64_t size() const { return static_cast<int64_t>(samples_.size()); }
-  const ImageCaptionSample& sample(int64_t index) const { return samples_.at(index); }
-  // "imagefolder" or "kohya".
-  const std::string& layout() const { return layout_; }
-  // Keeps the samples at `indices`, in that order (--max_train_samples).
-  void select(const std::vector<int64_t>& indices);
+  virtual int64_t size() const = 0;
+  // Throws UnusableSample when the sample's content is malformed, sd::Error when its file cannot be read (it
+  // vanished or shrank since it was listed), which no other sample can make up for.
+  virtual EncodedSample read(int64_t index) const = 0;
+  // The first `bytes` bytes of the sample's image file (all of it when shorter): its header, for its size.
+  virtual std::string image_head(int64_t index, uint64_t bytes) const = 0;
+  // Names the sample in messages: its file, or its shard and where in it.
+  virtual std::string describe(int64_t index) const = 0;
+  // "imagefolder", "kohya" or "webdataset".
+  virtual std::string layout() const = 0;
+  // Keeps the samples at `indices`, in that order.
+  virtual void select(const std::vector<int64_t>& indices) = 0;
+
+  // Sample `index` decoded; if it is unusable, the next sample (wrapping around) that is, with a warning counting
+  // the replacements so far. The replacement depends on the index alone, so every rank and every resumed run trains
+  // on the same one. Throws sd::Error when a file cannot be read, or when no sample at all is usable.
+  DecodedSample decode(int64_t index) const;
 
  private:
-  std::vector<ImageCaptionSample> samples_;
-  std::string layout_;
+  mutable std::atomic<int64_t> replaced_{0};
 };
 
-bool is_image_path(const std::filesystem::path& path);
+// The size of every sample's image, read from the headers alone, on `threads` threads (for aspect-ratio buckets).
+// An image whose header cannot be read gets `fallback` (it will be replaced when loaded), with one warning counting
+// them.
+std::vector<Resolution> image_sizes(const ImageCaptionDataset& dataset, Resolution fallback, int threads);
 
 }  // namespace sd::data

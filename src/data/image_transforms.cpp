@@ -23,21 +23,47 @@ at::Tensor normalized_pixels(const io::RgbImage& image) {
   return out;
 }
 
+namespace {
+
+struct Offsets {
+  int top = 0;
+  int left = 0;
+};
+
+// RandomCrop's offsets of a height x width crop from `image`: top drawn first, then left, as torchvision draws them.
+Offsets random_offsets(const io::RgbImage& image, int width, int height, at::Generator& gen) {
+  const int top = static_cast<int>(at::randint(0, image.height - height + 1, {1}, gen).item<int64_t>());
+  const int left = static_cast<int>(at::randint(0, image.width - width + 1, {1}, gen).item<int64_t>());
+  return {top, left};
+}
+
+// The crop at `origin`, flipped if a draw (after the crop's) says so with random_flip, as a normalized tensor.
+at::Tensor crop_flip_normalize(const io::RgbImage& image, Offsets origin, int width, int height,
+                               const ImageTransformOptions& o, at::Generator& gen) {
+  io::RgbImage cropped = io::crop(image, origin.top, origin.left, height, width);
+  if (o.random_flip && at::rand({1}, gen).item<float>() < 0.5f) cropped = io::flip_horizontal(cropped);
+  return normalized_pixels(cropped);
+}
+
+}  // namespace
+
 at::Tensor train_transform(const io::RgbImage& image, const ImageTransformOptions& o, at::Generator& gen) {
   const auto [width, height] = resized_size(image.width, image.height, o.resolution);
-  io::RgbImage resized = io::resize_bilinear(image, width, height);
-  int top = 0, left = 0;
-  if (o.center_crop) {
-    // torchvision rounds with Python's round(): halves to even.
-    top = static_cast<int>(std::nearbyint((height - o.resolution) / 2.0));
-    left = static_cast<int>(std::nearbyint((width - o.resolution) / 2.0));
-  } else {
-    top = static_cast<int>(at::randint(0, height - o.resolution + 1, {1}, gen).item<int64_t>());
-    left = static_cast<int>(at::randint(0, width - o.resolution + 1, {1}, gen).item<int64_t>());
-  }
-  io::RgbImage square = io::crop(resized, top, left, o.resolution, o.resolution);
-  if (o.random_flip && at::rand({1}, gen).item<float>() < 0.5f) square = io::flip_horizontal(square);
-  return normalized_pixels(square);
+  const io::RgbImage resized = io::resize_bilinear(image, width, height);
+  // CenterCrop rounds with Python's round(): halves to even.
+  const Offsets center{static_cast<int>(std::nearbyint((height - o.resolution) / 2.0)),
+                       static_cast<int>(std::nearbyint((width - o.resolution) / 2.0))};
+  const Offsets origin = o.center_crop ? center : random_offsets(resized, o.resolution, o.resolution, gen);
+  return crop_flip_normalize(resized, origin, o.resolution, o.resolution, o, gen);
+}
+
+at::Tensor bucket_transform(const io::RgbImage& image, Resolution bucket, const ImageTransformOptions& o,
+                            at::Generator& gen) {
+  const BucketAssignment fit = fit_to_bucket({image.width, image.height}, bucket);
+  const io::RgbImage resized = io::resize_bilinear(image, fit.resized.width, fit.resized.height);
+  const Offsets origin =
+      o.center_crop ? Offsets{fit.crop_top, fit.crop_left} : random_offsets(resized, bucket.width, bucket.height, gen);
+  return crop_flip_normalize(resized, origin, bucket.width, bucket.height, o, gen);
 }
 
 }  // namespace sd::data

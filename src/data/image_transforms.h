@@ -3,11 +3,13 @@
 //   CenterCrop / RandomCrop         a resolution x resolution square
 //   RandomHorizontalFlip            with --random_flip
 //   ToTensor, Normalize(0.5, 0.5)   float32 (x / 255 - 0.5) / 0.5, CHW
+// and with aspect-ratio buckets kohya's: resized to cover the bucket, cropped to it, flipped.
 // The crop offsets and the flip come from the caller's generator, in torchvision's order of draws. Safe to run on
 // loader threads: nothing here starts LibTorch's intra-op pool.
 #pragma once
 #include <ATen/ATen.h>
 
+#include "data/buckets.h"
 #include "io/image.h"
 
 namespace sd::data {
@@ -23,6 +25,12 @@ std::pair<int, int> resized_size(int width, int height, int size);
 
 // -> [3, resolution, resolution] float32 in [-1, 1]
 at::Tensor train_transform(const io::RgbImage& image, const ImageTransformOptions& options, at::Generator& gen);
+
+// -> [3, bucket.height, bucket.width] float32 in [-1, 1]: the image resized to cover the bucket with its aspect
+// ratio kept (antialiased bilinear; kohya resizes with OpenCV's INTER_AREA), cropped to it (centered as kohya does
+// with center_crop, else at random offsets), flipped with random_flip. `options.resolution` is not used.
+at::Tensor bucket_transform(const io::RgbImage& image, Resolution bucket, const ImageTransformOptions& options,
+                            at::Generator& gen);
 
 // ToTensor + Normalize(0.5, 0.5): [3, H, W] float32.
 at::Tensor normalized_pixels(const io::RgbImage& image);

@@ -2,25 +2,73 @@
 
 #include <ATen/ATen.h>
 
+#include <map>
+#include <numeric>
+
 #include "core/error.h"
 #include "data/random_streams.h"
 
 namespace sd::data {
 
-DistributedSampler::DistributedSampler(int64_t dataset_size, BatchLayout layout, uint64_t seed)
-    : size_(dataset_size), layout_(layout), seed_(seed) {
-  SD_CHECK(size_ >= layout_.global(),
-           "the dataset has {} samples, fewer than one global batch ({} per rank x {} accumulation x {} ranks); "
-           "raise --repeats or lower the batch size",
-           size_, layout_.batch, layout_.accumulation, layout_.world);
+namespace {
+
+std::vector<int64_t> permutation(int64_t n, Stream stream, uint64_t seed, int64_t epoch) {
+  at::Generator gen = stream_generator(seed, stream, static_cast<uint64_t>(epoch));
+  const at::Tensor perm = at::randperm(n, gen, at::TensorOptions().dtype(at::kLong));
+  return std::vector<int64_t>(perm.data_ptr<int64_t>(), perm.data_ptr<int64_t>() + n);
 }
 
-int64_t DistributedSampler::steps_per_epoch() const { return size_ / layout_.global(); }
+// Samples in whole micro-batches of `batch` when every micro-batch is filled from one bucket.
+int64_t bucketed_epoch_size(const std::vector<int32_t>& bucket_of, int64_t batch) {
+  std::map<int32_t, int64_t> count;
+  for (int32_t b : bucket_of) ++count[b];
+  int64_t total = 0;
+  for (const auto& [bucket, n] : count) total += n / batch * batch;
+  return total;
+}
+
+int64_t epoch_size(int64_t dataset_size, const std::vector<int32_t>& bucket_of, int64_t batch) {
+  return bucket_of.empty() ? dataset_size : bucketed_epoch_size(bucket_of, batch);
+}
+
+}  // namespace
+
+DistributedSampler::DistributedSampler(int64_t dataset_size, BatchLayout layout, uint64_t seed,
+                                       std::vector<int32_t> bucket_of)
+    : size_(dataset_size),
+      layout_(layout),
+      seed_(seed),
+      bucket_of_(std::move(bucket_of)),
+      epoch_size_(epoch_size(size_, bucket_of_, layout_.batch)) {
+  SD_CHECK(bucket_of_.empty() || static_cast<int64_t>(bucket_of_.size()) == size_,
+           "{} bucket assignments for a dataset of {} samples", bucket_of_.size(), size_);
+  SD_CHECK(epoch_size_ >= layout_.global(),
+           "the dataset has {} samples{}, fewer than one global batch ({} per rank x {} accumulation x {} ranks); "
+           "raise --repeats or lower the batch size",
+           epoch_size_, bucket_of_.empty() ? "" : " in whole micro-batches of one bucket", layout_.batch,
+           layout_.accumulation, layout_.world);
+}
+
+int64_t DistributedSampler::steps_per_epoch() const { return epoch_size_ / layout_.global(); }
 
 std::vector<int64_t> DistributedSampler::epoch_order(int64_t epoch) const {
-  at::Generator gen = stream_generator(seed_, Stream::kDataOrder, static_cast<uint64_t>(epoch));
-  at::Tensor perm = at::randperm(size_, gen, at::TensorOptions().dtype(at::kLong));
-  return std::vector<int64_t>(perm.data_ptr<int64_t>(), perm.data_ptr<int64_t>() + size_);
+  std::vector<int64_t> order = permutation(size_, Stream::kDataOrder, seed_, epoch);
+  return bucket_of_.empty() ? order : group_by_bucket(order, epoch);
+}
+
+std::vector<int64_t> DistributedSampler::group_by_bucket(const std::vector<int64_t>& order, int64_t epoch) const {
+  std::map<int32_t, std::vector<int64_t>> by_bucket;
+  for (int64_t i : order) by_bucket[bucket_of_[static_cast<size_t>(i)]].push_back(i);
+  std::vector<const int64_t*> micro_batches;  // the first sample of each
+  for (const auto& [bucket, samples] : by_bucket)
+    for (size_t start = 0; start + layout_.batch <= samples.size(); start += layout_.batch)
+      micro_batches.push_back(samples.data() + start);
+  std::vector<int64_t> grouped;
+  grouped.reserve(static_cast<size_t>(epoch_size_));
+  const auto count = static_cast<int64_t>(micro_batches.size());
+  for (int64_t m : permutation(count, Stream::kBucketBatchOrder, seed_, epoch))
+    grouped.insert(grouped.end(), micro_batches[m], micro_batches[m] + layout_.batch);
+  return grouped;
 }
 
 std::vector<int64_t> DistributedSampler::micro_batch(int64_t step, int64_t micro, int64_t rank) const {
@@ -35,22 +83,35 @@ std::vector<int64_t> DistributedSampler::micro_batch(int64_t step, int64_t micro
   return std::vector<int64_t>(order.begin() + start, order.begin() + start + layout_.batch);
 }
 
-BatchPlanner::BatchPlanner(int64_t dataset_size, BatchLayout layout, int rank, const uint64_t& seed)
-    : dataset_size_(dataset_size), layout_(layout), rank_(rank), seed_(seed) {}
+BatchPlanner::BatchPlanner(int64_t dataset_size, BatchLayout layout, int rank, const uint64_t& seed,
+                           std::vector<int32_t> bucket_of)
+    : dataset_size_(dataset_size), layout_(layout), rank_(rank), seed_(seed), bucket_of_(std::move(bucket_of)) {}
+
+int64_t BatchPlanner::samples_per_epoch() const { return epoch_size(dataset_size_, bucket_of_, layout_.batch); }
 
 BatchRequest BatchPlanner::plan(int64_t step, int64_t micro) const {
   BatchRequest request{step, micro, (micro * layout_.world + rank_) * layout_.batch, {}};
   if (dataset_size_ == 0) return request;
   if (!sampler_ || sampler_seed_ != seed_) {
-    sampler_ = std::make_unique<DistributedSampler>(dataset_size_, layout_, seed_);
+    sampler_ = std::make_unique<DistributedSampler>(dataset_size_, layout_, seed_, bucket_of_);
     sampler_seed_ = seed_;
   }
   request.indices = sampler_->micro_batch(step, micro, rank_);
+  if (!bucket_of_.empty()) request.bucket = bucket_of_[static_cast<size_t>(request.indices.front())];
   return request;
 }
 
 BatchRequest BatchPlanner::after(const BatchRequest& request) const {
   return request.micro + 1 < layout_.accumulation ? plan(request.step, request.micro + 1) : plan(request.step + 1, 0);
+}
+
+std::vector<int64_t> random_subset(int64_t size, int64_t count, uint64_t seed) {
+  std::vector<int64_t> all(static_cast<size_t>(size));
+  std::iota(all.begin(), all.end(), 0);
+  if (count >= size) return all;
+  // A stream key past every epoch's, so the subset is not the first epoch's order.
+  const std::vector<int64_t> order = permutation(size, Stream::kDataOrder, seed, -1);
+  return std::vector<int64_t>(order.begin(), order.begin() + count);
 }
 
 }  // namespace sd::data

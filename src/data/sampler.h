@@ -2,6 +2,9 @@
 // optimizer step consumes the next `global_batch` indices of it, split into micro-batches of `batch` per rank:
 // micro-batch m of rank r takes positions (m * world + r) * batch ... + batch. The same samples make up an optimizer
 // step whatever the world size, so 1 rank with accumulation and N ranks without train on the same data.
+// With aspect-ratio buckets every micro-batch must hold images of one size: the epoch's permutation is grouped by
+// bucket into micro-batches (a bucket's last incomplete one is left out), and these are put in an order drawn from
+// (seed, epoch) too. Every rank computes the same plan, so both properties survive bucketing.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -18,19 +21,27 @@ struct BatchLayout {
 
 class DistributedSampler {
  public:
-  DistributedSampler(int64_t dataset_size, BatchLayout layout, uint64_t seed);
+  // `bucket_of`: the bucket of every sample, with aspect-ratio buckets; empty without.
+  DistributedSampler(int64_t dataset_size, BatchLayout layout, uint64_t seed, std::vector<int32_t> bucket_of = {});
 
+  // Samples one epoch's order holds: the dataset, or with buckets the samples of whole micro-batches.
+  int64_t samples_per_epoch() const { return epoch_size_; }
   // Optimizer steps in one epoch: the incomplete last global batch is dropped, so every step has the same size.
   int64_t steps_per_epoch() const;
   // Dataset indices of micro-batch `micro` of rank `rank` at optimizer step `step` (counted from the run's start).
   std::vector<int64_t> micro_batch(int64_t step, int64_t micro, int64_t rank) const;
-  // The permutation of one epoch.
+  // The order of one epoch: a permutation of the dataset, or with buckets of its samples in whole micro-batches.
   std::vector<int64_t> epoch_order(int64_t epoch) const;
 
  private:
+  // `order` regrouped into micro-batches of one bucket each, in an order drawn for `epoch`.
+  std::vector<int64_t> group_by_bucket(const std::vector<int64_t>& order, int64_t epoch) const;
+
   int64_t size_;
   BatchLayout layout_;
   uint64_t seed_;
+  std::vector<int32_t> bucket_of_;
+  int64_t epoch_size_;
   // The permutation of the epoch micro_batch() last served: every micro-batch of an epoch reads the same one.
   mutable int64_t cached_epoch_ = -1;
   mutable std::vector<int64_t> cached_order_;
@@ -43,12 +54,16 @@ struct BatchRequest {
   int64_t step = 0, micro = 0;
   int64_t first_position = 0;    // samples are positions first_position .. first_position + batch - 1
   std::vector<int64_t> indices;  // empty without a dataset
+  int32_t bucket = -1;           // with aspect-ratio buckets, the one bucket of all its samples
 };
 
 class BatchPlanner {
  public:
-  // `dataset_size` 0: no dataset (positions only).
-  BatchPlanner(int64_t dataset_size, BatchLayout layout, int rank, const uint64_t& seed);
+  // `dataset_size` 0: no dataset (positions only). `bucket_of` as DistributedSampler's.
+  BatchPlanner(int64_t dataset_size, BatchLayout layout, int rank, const uint64_t& seed,
+               std::vector<int32_t> bucket_of = {});
+  // Samples in one epoch (0 without a dataset): the trainer counts epochs with it.
+  int64_t samples_per_epoch() const;
   BatchRequest plan(int64_t step, int64_t micro) const;
   // The micro-batch the trainer asks for after `request`.
   BatchRequest after(const BatchRequest& request) const;
@@ -59,8 +74,22 @@ class BatchPlanner {
   BatchLayout layout_;
   int rank_;
   const uint64_t& seed_;
+  std::vector<int32_t> bucket_of_;
   mutable std::unique_ptr<DistributedSampler> sampler_;
   mutable uint64_t sampler_seed_ = 0;
 };
+
+// --max_train_samples: the indices of `count` of `size` samples picked at random from the seed, the same on every
+// rank (the reference script's dataset.shuffle(seed).select(range(count))); all of them, in order, when count >= size.
+std::vector<int64_t> random_subset(int64_t size, int64_t count, uint64_t seed);
+
+// Keeps `values[i]` for each i of `indices`, in that order: what a dataset's select() does to its samples.
+template <typename T>
+void keep_indices(std::vector<T>& values, const std::vector<int64_t>& indices) {
+  std::vector<T> kept;
+  kept.reserve(indices.size());
+  for (int64_t i : indices) kept.push_back(values.at(static_cast<size_t>(i)));
+  values = std::move(kept);
+}
 
 }  // namespace sd::data

@@ -1,5 +1,7 @@
 #include "data/training_batches.h"
 
+#include <utility>
+
 #include "core/error.h"
 #include "data/random_streams.h"
 #include "perf/op_profiler.h"
@@ -17,38 +19,26 @@ at::Tensor ids_tensor(const std::vector<std::vector<int64_t>>& rows) {
 
 }  // namespace
 
-ImageCaptionSource::ImageCaptionSource(ImageCaptionDataset dataset, const text::ClipTokenizer& tokenizer,
-                                       ImageCaptionSourceOptions options, const uint64_t& seed,
-                                       const BatchPlanner& planner)
-    : dataset_(std::move(dataset)),
-      tokenizer_(tokenizer),
-      options_(options),
-      seed_(seed),
-      planner_(planner),
-      prefetcher_(options.loader_threads) {}
-
-TrainingBatch ImageCaptionSource::load(const BatchRequest& request) const {
-  std::vector<at::Tensor> pixels;
-  std::vector<std::vector<int64_t>> ids;
-  for (size_t j = 0; j < request.indices.size(); ++j) {
-    const auto position = static_cast<uint64_t>(request.first_position + static_cast<int64_t>(j));
-    auto gen = [&](Stream s) { return stream_generator(seed_, s, static_cast<uint64_t>(request.step), position); };
-    const ImageCaptionSample& sample = dataset_.sample(request.indices[j]);
-    at::Generator augment = gen(Stream::kAugment);
-    pixels.push_back(train_transform(io::load_image_rgb(sample.image), options_.transform, augment));
-    // A sample with several captions trains on one of them, drawn per use (tokenize_captions' random.choice).
-    int64_t pick = 0;
-    if (sample.captions.size() > 1)
-      pick = at::randint(static_cast<int64_t>(sample.captions.size()), {1}, gen(Stream::kPrompt)).item<int64_t>();
-    ids.push_back(tokenizer_.encode(sample.captions[pick]));
-  }
-  TrainingBatch batch;
-  batch.pixel_values = at::stack(pixels);
-  batch.input_ids = ids_tensor(ids);
-  return batch;
+at::Tensor sample_posterior(const at::Tensor& mean, const at::Tensor& std, double scaling_factor, uint64_t seed,
+                            const BatchRequest& request) {
+  std::vector<at::Tensor> eps;
+  for (int64_t j = 0; j < mean.size(0); ++j)
+    eps.push_back(at::randn(mean.sizes().slice(1),
+                            SampleStreams{seed, request.step, request.first_position + j}(Stream::kPosterior)));
+  return (mean.to(at::kFloat) + std.to(at::kFloat) * at::stack(eps)) * scaling_factor;
 }
 
-TrainingBatch ImageCaptionSource::get(const BatchRequest& request) {
+// ---------------------------------------------------------------------------------------------------------------
+
+LookaheadLoader::LookaheadLoader(const BatchPlanner& planner, Load load, int threads, int micro_batches_ahead)
+    : planner_(planner), load_(std::move(load)), ahead_(std::max(1, micro_batches_ahead)), prefetcher_(threads) {}
+
+void LookaheadLoader::request(const BatchRequest& request) {
+  requested_.push_back(request);
+  prefetcher_.request([this, request] { return load_(request); });
+}
+
+TrainingBatch LookaheadLoader::get(const BatchRequest& request) {
   // The trainer asks in plan order; after a resume (or on the first call) the queue starts at the request.
   while (!requested_.empty() &&
          (requested_.front().step != request.step || requested_.front().micro != request.micro)) {
@@ -56,24 +46,82 @@ TrainingBatch ImageCaptionSource::get(const BatchRequest& request) {
     requested_.pop_front();
     prefetcher_.next(ignored);
   }
-  if (requested_.empty()) {
-    requested_.push_back(request);
-    prefetcher_.request([this, request] { return load(request); });
-  }
-  while (requested_.size() < static_cast<size_t>(std::max(1, options_.prefetch_micro_batches))) {
-    BatchRequest next = planner_.after(requested_.back());
-    requested_.push_back(next);
-    prefetcher_.request([this, next] { return load(next); });
-  }
+  if (requested_.empty()) this->request(request);
+  while (requested_.size() < static_cast<size_t>(ahead_)) this->request(planner_.after(requested_.back()));
   requested_.pop_front();
   SD_PERF_SCOPE("sdtrain::data_wait");
   return prefetcher_.next(waited_s_);
 }
 
-double ImageCaptionSource::take_wait_seconds() {
-  const double waited = waited_s_;
-  waited_s_ = 0;
-  return waited;
+double LookaheadLoader::take_wait_seconds() { return std::exchange(waited_s_, 0.0); }
+
+// ---------------------------------------------------------------------------------------------------------------
+
+ImageCaptionSource::ImageCaptionSource(std::unique_ptr<ImageCaptionDataset> dataset,
+                                       const text::ClipTokenizer& tokenizer, ImageCaptionSourceOptions options,
+                                       const uint64_t& seed, const BatchPlanner& planner)
+    : dataset_(std::move(dataset)),
+      tokenizer_(tokenizer),
+      options_(std::move(options)),
+      seed_(seed),
+      loader_(
+          planner, [this](const BatchRequest& r) { return load(r); }, options_.loader.threads,
+          options_.loader.micro_batches_ahead) {}
+
+TrainingBatch ImageCaptionSource::load(const BatchRequest& request) const {
+  std::vector<at::Tensor> pixels;
+  std::vector<std::vector<int64_t>> ids;
+  for (size_t j = 0; j < request.indices.size(); ++j) {
+    const SampleStreams streams{seed_, request.step, request.first_position + static_cast<int64_t>(j)};
+    const DecodedSample sample = dataset_->decode(request.indices[j]);
+    at::Generator augment = streams(Stream::kAugment);
+    pixels.push_back(request.bucket < 0 ? train_transform(sample.image, options_.transform, augment)
+                                        : bucket_transform(sample.image, options_.buckets.at(request.bucket),
+                                                           options_.transform, augment));
+    const std::optional<int64_t> pick =
+        choose_caption(static_cast<int64_t>(sample.captions.size()), options_.captions, streams);
+    at::Generator shuffle = streams(Stream::kCaptionShuffle);
+    ids.push_back(tokenizer_.encode(pick ? shuffle_tags(sample.captions[*pick], options_.captions, shuffle) : ""));
+  }
+  TrainingBatch batch;
+  batch.pixel_values = at::stack(pixels);
+  batch.input_ids = ids_tensor(ids);
+  return batch;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+
+LatentSource::LatentSource(std::unique_ptr<LatentDataset> dataset, CaptionOptions captions, LoaderOptions loader,
+                           const uint64_t& seed, const BatchPlanner& planner)
+    : dataset_(std::move(dataset)),
+      captions_(captions),
+      seed_(seed),
+      loader_(
+          planner, [this](const BatchRequest& r) { return load(r); }, loader.threads, loader.micro_batches_ahead) {}
+
+TrainingBatch LatentSource::load(const BatchRequest& request) const {
+  std::vector<at::Tensor> means, stds, latents, text;
+  for (size_t j = 0; j < request.indices.size(); ++j) {
+    const SampleStreams streams{seed_, request.step, request.first_position + static_cast<int64_t>(j)};
+    const LatentSample sample = dataset_->read(request.indices[j]);
+    if (sample.latent.defined()) {
+      latents.push_back(sample.latent);
+    } else {
+      means.push_back(sample.mean);
+      stds.push_back(sample.std);
+    }
+    const std::optional<int64_t> pick = choose_caption(sample.text_hidden.size(0), captions_, streams);
+    text.push_back(pick ? sample.text_hidden[*pick] : dataset_->empty_caption());
+  }
+  TrainingBatch batch;
+  if (latents.empty()) {
+    batch.latent_mean = at::stack(means);
+    batch.latent_std = at::stack(stds);
+  } else {
+    batch.latents = at::stack(latents);
+  }
+  batch.encoder_hidden_states = at::stack(text);
+  return batch;
 }
 
 // ---------------------------------------------------------------------------------------------------------------

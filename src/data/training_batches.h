@@ -1,7 +1,9 @@
 // Where `sdtrain train` gets its micro-batches. A source hands out, for a micro-batch of the trainer's layout,
-// either images and captions (for the frozen VAE and text encoder to encode) or latents and text embeddings that are
-// already encoded. Sources:
-//   ImageCaptionSource  a folder on disk (data/image_caption_dataset.h), decoded and augmented on loader threads;
+// images and captions (for the frozen VAE and text encoder to encode), stored VAE posteriors and text embeddings,
+// or latents and text embeddings ready for the UNet. Sources:
+//   ImageCaptionSource  an image folder or WebDataset shards (data/image_caption_dataset.h), decoded and augmented
+//                       on loader threads;
+//   LatentSource        precomputed latents (data/latent_shards.h), read on loader threads;
 //   SyntheticSource     random images and captions, or random latents and embeddings (MosaicML's synthetic data,
 //                       to measure the UNet alone);
 //   ReplaySource        recorded inputs, noise and timesteps of a reference run (--replay_inputs).
@@ -9,14 +11,17 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <deque>
 #include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "data/captions.h"
 #include "data/image_caption_dataset.h"
 #include "data/image_transforms.h"
+#include "data/latent_shards.h"
 #include "data/prefetcher.h"
 #include "data/sampler.h"
 #include "io/safetensors.h"
@@ -25,51 +30,92 @@
 namespace sd::data {
 
 struct TrainingBatch {
-  at::Tensor pixel_values;           // [B, 3, H, W] float32 in [-1, 1]; or
-  at::Tensor input_ids;              // [B, 77] int64
-  at::Tensor latents;                // [B, C, h, w] float32, already times the VAE's scaling factor; and
-  at::Tensor encoder_hidden_states;  // [B, 77, D]
-  at::Tensor noise, timesteps;       // replay only: the reference's draws
-  bool encoded() const { return latents.defined(); }
+  at::Tensor pixel_values;             // [B, 3, H, W] float32 in [-1, 1], with
+  at::Tensor input_ids;                // [B, 77] int64: to encode; or
+  at::Tensor latent_mean, latent_std;  // [B, C, h, w] a VAE posterior (unscaled), to draw latents from; or
+  at::Tensor latents;                  // [B, C, h, w] float32, already times the VAE's scaling factor;
+  at::Tensor encoder_hidden_states;    // [B, 77, D] with either form of latents
+  at::Tensor noise, timesteps;         // replay only: the reference's draws
 };
+
+// latents = (mean + std * eps) * scaling_factor, eps drawn per sample from its kPosterior stream: the same draw
+// whether the posterior was just computed from pixels or stored by `sdtrain preprocess`, so both train alike.
+at::Tensor sample_posterior(const at::Tensor& mean, const at::Tensor& std, double scaling_factor, uint64_t seed,
+                            const BatchRequest& request);
 
 class BatchSource {
  public:
   virtual ~BatchSource() = default;
-  // Samples the trainer's sampler draws from (0 for sources that have no dataset to count epochs with).
-  virtual int64_t size() const = 0;
   virtual TrainingBatch get(const BatchRequest& request) = 0;
   // Seconds get() spent waiting for a loader since the last call (then reset).
   virtual double take_wait_seconds() { return 0; }
 };
 
+// Prepares the micro-batches the trainer will ask for next (in the planner's order) on loader threads, so a step
+// does not wait for reading and decoding. A source owns one as its last member, so its loaders stop before the
+// rest of the source goes.
+class LookaheadLoader {
+ public:
+  using Load = std::function<TrainingBatch(const BatchRequest&)>;
+  LookaheadLoader(const BatchPlanner& planner, Load load, int threads, int micro_batches_ahead);
+  TrainingBatch get(const BatchRequest& request);
+  double take_wait_seconds();
+
+ private:
+  void request(const BatchRequest& request);
+
+  const BatchPlanner& planner_;
+  Load load_;
+  int ahead_;
+  std::deque<BatchRequest> requested_;  // what the prefetcher is preparing, in order
+  double waited_s_ = 0;
+  Prefetcher<TrainingBatch> prefetcher_;
+};
+
+struct LoaderOptions {
+  int threads = 1;
+  int micro_batches_ahead = 4;
+};
+
 struct ImageCaptionSourceOptions {
   ImageTransformOptions transform;
-  int loader_threads = 1;
-  int prefetch_micro_batches = 4;
+  CaptionOptions captions;
+  std::vector<Resolution> buckets;  // with aspect-ratio buckets: what BatchRequest::bucket numbers
+  LoaderOptions loader;
 };
 
 class ImageCaptionSource : public BatchSource {
  public:
-  // `seed` is read at each request (a resumed run changes it); `planner` tells which micro-batches come next, so the
-  // loader works ahead.
-  ImageCaptionSource(ImageCaptionDataset dataset, const text::ClipTokenizer& tokenizer,
+  // `seed` is read at each request (a resumed run changes it); `planner` tells which micro-batches come next.
+  ImageCaptionSource(std::unique_ptr<ImageCaptionDataset> dataset, const text::ClipTokenizer& tokenizer,
                      ImageCaptionSourceOptions options, const uint64_t& seed, const BatchPlanner& planner);
-  int64_t size() const override { return dataset_.size(); }
-  TrainingBatch get(const BatchRequest& request) override;
-  double take_wait_seconds() override;
+  TrainingBatch get(const BatchRequest& request) override { return loader_.get(request); }
+  double take_wait_seconds() override { return loader_.take_wait_seconds(); }
 
  private:
   TrainingBatch load(const BatchRequest& request) const;
 
-  ImageCaptionDataset dataset_;
+  std::unique_ptr<ImageCaptionDataset> dataset_;
   const text::ClipTokenizer& tokenizer_;
   ImageCaptionSourceOptions options_;
   const uint64_t& seed_;
-  const BatchPlanner& planner_;
-  Prefetcher<TrainingBatch> prefetcher_;
-  std::deque<BatchRequest> requested_;  // what the prefetcher is preparing, in order
-  double waited_s_ = 0;
+  LookaheadLoader loader_;
+};
+
+class LatentSource : public BatchSource {
+ public:
+  LatentSource(std::unique_ptr<LatentDataset> dataset, CaptionOptions captions, LoaderOptions loader,
+               const uint64_t& seed, const BatchPlanner& planner);
+  TrainingBatch get(const BatchRequest& request) override { return loader_.get(request); }
+  double take_wait_seconds() override { return loader_.take_wait_seconds(); }
+
+ private:
+  TrainingBatch load(const BatchRequest& request) const;
+
+  std::unique_ptr<LatentDataset> dataset_;
+  CaptionOptions captions_;
+  const uint64_t& seed_;
+  LookaheadLoader loader_;
 };
 
 struct SyntheticOptions {
@@ -85,7 +131,6 @@ struct SyntheticOptions {
 class SyntheticSource : public BatchSource {
  public:
   SyntheticSource(SyntheticOptions options, const text::ClipTokenizer* tokenizer, const uint64_t& seed);
-  int64_t size() const override { return options_.samples; }
   TrainingBatch get(const BatchRequest& request) override;
 
  private:
@@ -99,7 +144,6 @@ class SyntheticSource : public BatchSource {
 class ReplaySource : public BatchSource {
  public:
   ReplaySource(const std::filesystem::path& file, BatchLayout layout, int rank);
-  int64_t size() const override { return 0; }
   TrainingBatch get(const BatchRequest& request) override;
   int64_t steps() const { return steps_; }
 

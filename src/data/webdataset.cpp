@@ -4,8 +4,16 @@
 
 #include <algorithm>
 #include <cctype>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "core/log.h"
+#include "data/prefetcher.h"
+#include "io/tar_reader.h"
 
 namespace sd::data {
+
+namespace fs = std::filesystem;
 
 std::optional<std::pair<std::string, std::string>> split_sample_key(const std::string& member_name) {
   const size_t slash = member_name.rfind('/');
@@ -15,43 +23,119 @@ std::optional<std::pair<std::string, std::string>> split_sample_key(const std::s
   return std::make_pair(member_name.substr(0, dot), member_name.substr(dot + 1));
 }
 
-std::optional<std::pair<std::string, const std::string*>> find_image(const WebDatasetSample& sample) {
-  for (const char* extension : {"jpg", "jpeg", "png", "webp"}) {
-    auto it = sample.files.find(extension);
-    if (it != sample.files.end()) return std::make_pair(it->first, &it->second);
+namespace {
+
+using Members = std::map<std::string, io::TarEntry>;  // a sample's members by extension
+
+const io::TarEntry* first_of(const Members& members, std::initializer_list<const char*> extensions) {
+  for (const char* extension : extensions) {
+    auto it = members.find(extension);
+    if (it != members.end()) return &it->second;
   }
-  return std::nullopt;
+  return nullptr;
 }
 
-WebDatasetReader::WebDatasetReader(const std::filesystem::path& shard) : tar_(shard) {}
+// Adds the sample `key` to the index if it has an image and a caption.
+void add_sample(const std::string& key, const Members& members, const fs::path& path, uint32_t shard,
+                ShardIndex& index) {
+  const io::TarEntry* image = first_of(members, {"jpg", "jpeg", "png", "webp", "bmp"});
+  const io::TarEntry* caption = first_of(members, {"txt", "json"});
+  if (!image || !caption) {
+    if (index.incomplete++ == 0) index.incomplete_example = fmt::format("{}: '{}'", path.string(), key);
+    return;
+  }
+  if (image->size > UINT32_MAX || caption->size > UINT32_MAX) {
+    index.warnings.push_back(fmt::format("{}: sample '{}' has a member of 4 GiB or more; skipped", path.string(), key));
+    return;
+  }
+  index.samples.push_back({image->data_offset, caption->data_offset, static_cast<uint32_t>(image->size),
+                           static_cast<uint32_t>(caption->size), shard, members.count("txt") == 0});
+}
 
-std::optional<WebDatasetSample> WebDatasetReader::next() {
-  while (std::optional<io::TarMember> member = tar_.next()) {
-    auto split = split_sample_key(member->name);
+}  // namespace
+
+ShardIndex index_shard(const fs::path& path, uint32_t shard) {
+  io::TarReader tar(path);
+  ShardIndex index;
+  std::optional<std::string> key;  // of the sample being gathered
+  Members members;
+  while (std::optional<io::TarEntry> entry = tar.next()) {
+    auto split = split_sample_key(entry->name);
     if (!split) {
-      warnings_.push_back(fmt::format("{}: member '{}' has no extension, so belongs to no sample; skipped",
-                                      tar_.path().string(), member->name));
+      index.warnings.push_back(fmt::format("{}: member '{}' has no extension, so belongs to no sample; skipped",
+                                           path.string(), entry->name));
       continue;
     }
-    auto& [key, extension] = *split;
+    auto& [member_key, extension] = *split;
     // WebDataset lower-cases extensions, so "IMG.JPG" and "img.jpg" name the same kind of file.
     std::transform(extension.begin(), extension.end(), extension.begin(),
                    [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-    std::optional<WebDatasetSample> finished;
-    if (pending_ && pending_->key != key) finished = std::exchange(pending_, std::nullopt);
-    if (!pending_) pending_ = WebDatasetSample{key, {}, tar_.path()};
-    if (!pending_->files.emplace(extension, std::move(member->data)).second)
-      warnings_.push_back(fmt::format("{}: sample '{}' has two '{}' files; the second is skipped", tar_.path().string(),
-                                      key, extension));
-    if (finished) return finished;
+    if (member_key != key) {
+      if (key) add_sample(*key, members, path, shard, index);
+      key = member_key;
+      members.clear();
+    }
+    if (!members.emplace(extension, *entry).second)
+      index.warnings.push_back(fmt::format("{}: sample '{}' has two '{}' files; the second is skipped", path.string(),
+                                           member_key, extension));
   }
-  return std::exchange(pending_, std::nullopt);
+  if (key) add_sample(*key, members, path, shard, index);
+  index.warnings.insert(index.warnings.end(), tar.warnings().begin(), tar.warnings().end());
+  return index;
 }
 
-std::vector<std::string> WebDatasetReader::warnings() const {
-  std::vector<std::string> all = tar_.warnings();
-  all.insert(all.end(), warnings_.begin(), warnings_.end());
-  return all;
+WebDatasetShards::WebDatasetShards(std::vector<fs::path> shards, std::string caption_key, int threads)
+    : shards_(std::move(shards)), caption_key_(std::move(caption_key)) {
+  SD_CHECK(shards_.size() <= UINT32_MAX, "--train_shards: {} shards; at most {} are supported", shards_.size(),
+           UINT32_MAX);
+  Prefetcher<ShardIndex> indexers(threads);
+  for (size_t s = 0; s < shards_.size(); ++s)
+    indexers.request([this, s] { return index_shard(shards_[s], static_cast<uint32_t>(s)); });
+  int64_t incomplete = 0;
+  std::string example;
+  double ignored = 0;
+  while (indexers.pending() > 0) {
+    ShardIndex index = indexers.next(ignored);
+    samples_.insert(samples_.end(), index.samples.begin(), index.samples.end());
+    for (const std::string& warning : index.warnings) log::warn("{}", warning);
+    if (incomplete == 0) example = index.incomplete_example;
+    incomplete += index.incomplete;
+  }
+  if (incomplete > 0)
+    log::warn(
+        "--train_shards: {} sample(s) without an image (jpg, jpeg, png, webp, bmp) or a caption (txt, json) "
+        "were dropped, e.g. {}",
+        incomplete, example);
+  SD_CHECK(!samples_.empty(), "--train_shards: the {} shard(s) hold no sample with both an image and a caption",
+           shards_.size());
+}
+
+EncodedSample WebDatasetShards::read(int64_t index) const {
+  const ShardSample& sample = samples_.at(index);
+  const fs::path& shard = shards_[sample.shard];
+  const std::string caption = io::read_entry(shard, {"caption", sample.caption_offset, sample.caption_size});
+  return {io::read_entry(shard, {"image", sample.image_offset, sample.image_size}), {caption_of(index, caption)}};
+}
+
+std::string WebDatasetShards::image_head(int64_t index, uint64_t bytes) const {
+  const ShardSample& sample = samples_.at(index);
+  return io::read_entry(shards_[sample.shard],
+                        {"image", sample.image_offset, std::min<uint64_t>(bytes, sample.image_size)});
+}
+
+std::string WebDatasetShards::describe(int64_t index) const {
+  const ShardSample& sample = samples_.at(index);
+  return fmt::format("{} (the sample whose image starts at byte {})", shards_[sample.shard].string(),
+                     sample.image_offset);
+}
+
+std::string WebDatasetShards::caption_of(int64_t index, const std::string& bytes) const {
+  if (!samples_.at(index).caption_is_json) return bytes;
+  const nlohmann::json metadata = nlohmann::json::parse(bytes, nullptr, /*allow_exceptions=*/false);
+  for (const std::string& key : {caption_key_, std::string("caption")})
+    if (metadata.is_object() && metadata.contains(key) && metadata[key].is_string()) return metadata[key];
+  throw UnusableSample(
+      fmt::format("{}: no .txt caption, and its .json has no string '{}' or 'caption'", describe(index), caption_key_));
 }
 
 }  // namespace sd::data

@@ -61,6 +61,17 @@ RgbImage decode_image_rgb(std::string_view bytes, const std::string& name) {
   return is_webp(bytes) ? decode_webp(bytes, name) : decode_with_stb(bytes, name);
 }
 
+std::optional<std::pair<int, int>> image_size(std::string_view head) {
+  int width = 0, height = 0, channels = 0;
+  const auto* data = reinterpret_cast<const uint8_t*>(head.data());
+  const bool known =
+      is_webp(head) ? WebPGetInfo(data, head.size(), &width, &height) != 0
+                    : head.size() <= static_cast<size_t>(INT_MAX) &&
+                          stbi_info_from_memory(data, static_cast<int>(head.size()), &width, &height, &channels) != 0;
+  if (!known || width <= 0 || height <= 0) return std::nullopt;
+  return std::make_pair(width, height);
+}
+
 RgbImage load_image_rgb(const fs::path& path) {
   SD_CHECK(fs::exists(path), "{}: image file not found", path.string());
   std::ifstream file(path, std::ios::binary);

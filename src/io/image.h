@@ -3,8 +3,10 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace sd::io {
@@ -25,6 +27,10 @@ constexpr uint64_t kMaxImagePixels = 2 * uint64_t{89'478'485};
 // channel is dropped without compositing (as PIL's convert("RGB")). Corrupt data, or an image of more pixels than
 // PIL would open (kMaxImagePixels), throws sd::Error naming `name`.
 RgbImage decode_image_rgb(std::string_view bytes, const std::string& name);
+
+// An image's width and height from the start of its file (JPEG, PNG, BMP or WebP headers; a few KiB usually
+// suffice), without decoding it; nullopt if `head` does not hold a readable header.
+std::optional<std::pair<int, int>> image_size(std::string_view head);
 
 // decode_image_rgb of a file's contents; a missing or unreadable file throws sd::Error naming it.
 RgbImage load_image_rgb(const std::filesystem::path& path);

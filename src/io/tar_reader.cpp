@@ -1,9 +1,13 @@
 #include "io/tar_reader.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
+#include <cstring>
 #include <string_view>
 
 #include "core/error.h"
@@ -146,8 +150,7 @@ struct TarReader::Header {
   uint64_t offset;  // of the header block, for messages
 };
 
-TarReader::TarReader(const fs::path& path, uint64_t max_member_bytes)
-    : path_(path), file_(path, std::ios::binary), max_member_bytes_(max_member_bytes) {
+TarReader::TarReader(const fs::path& path) : path_(path), file_(path, std::ios::binary) {
   SD_CHECK(file_.is_open(), "{}: cannot open the tar archive", path.string());
   std::error_code ec;
   file_size_ = fs::file_size(path, ec);
@@ -218,7 +221,7 @@ void TarReader::skip_data(uint64_t size) {
   offset_ = std::min(offset_ + round_up_to_block(size), file_size_);
 }
 
-std::optional<TarMember> TarReader::next() {
+std::optional<TarEntry> TarReader::next() {
   Overrides overrides;
   while (!ended_) {
     std::optional<Header> header = read_header();
@@ -231,10 +234,15 @@ std::optional<TarMember> TarReader::next() {
       return std::nullopt;
     }
     const MemberKind kind = kind_of(header->type);
-    const bool too_large = kind != MemberKind::kOther && header->size > max_member_bytes_;
+    if (kind == MemberKind::kFile) {
+      TarEntry entry{std::move(header->name), offset_, header->size};
+      skip_data(entry.size);
+      return entry;
+    }
+    const bool too_large = kind != MemberKind::kOther && header->size > kMaxRecordBytes;
     if (too_large)
-      warnings_.push_back(fmt::format("{}: member '{}' is {} bytes, more than the {} allowed; skipped", path_.string(),
-                                      header->name, header->size, max_member_bytes_));
+      warnings_.push_back(fmt::format("{}: header record '{}' is {} bytes, more than the {} allowed; skipped",
+                                      path_.string(), header->name, header->size, kMaxRecordBytes));
     if (kind == MemberKind::kOther || too_large) {
       skip_data(header->size);
       overrides = {};
@@ -245,13 +253,31 @@ std::optional<TarMember> TarReader::next() {
       stop(fmt::format("member '{}' at offset {}: cannot read its data", header->name, header->offset));
       return std::nullopt;
     }
-    switch (kind) {
-      case MemberKind::kGnuLongName: overrides.path = std::string(data.c_str()); break;  // NUL-terminated
-      case MemberKind::kPaxHeader: read_pax_records(data, overrides); break;
-      default: return TarMember{std::move(header->name), std::move(data)};
-    }
+    if (kind == MemberKind::kGnuLongName) overrides.path = std::string(data.c_str());  // NUL-terminated
+    if (kind == MemberKind::kPaxHeader) read_pax_records(data, overrides);
   }
   return std::nullopt;
+}
+
+std::string read_entry(const fs::path& path, const TarEntry& entry) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  SD_CHECK(fd >= 0, "{}: cannot open the tar archive ({}); was it moved or deleted since it was indexed?",
+           path.string(), std::strerror(errno));
+  std::string data(entry.size, '\0');
+  uint64_t done = 0;
+  while (done < entry.size) {
+    const ssize_t got =
+        ::pread(fd, data.data() + done, entry.size - done, static_cast<off_t>(entry.data_offset + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) break;
+    done += static_cast<uint64_t>(got);
+  }
+  ::close(fd);
+  SD_CHECK(done == entry.size,
+           "{}: member '{}' ({} bytes at offset {}) can no longer be read; was the archive changed since it was "
+           "indexed?",
+           path.string(), entry.name, entry.size, entry.data_offset);
+  return data;
 }
 
 }  // namespace sd::io

@@ -10,9 +10,7 @@ namespace sd::pipeline {
 
 namespace fs = std::filesystem;
 
-int64_t StableDiffusion::vae_scale_factor() const {
-  return int64_t{1} << (vae->config().block_out_channels.size() - 1);
-}
+int64_t StableDiffusion::vae_scale_factor() const { return vae->config().scale_factor(); }
 
 void check_pipeline_layout(const fs::path& dir) {
   SD_CHECK(fs::is_directory(dir), "{}: model folder not found (expected a diffusers pipeline folder)", dir.string());

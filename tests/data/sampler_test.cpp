@@ -43,5 +43,60 @@ TEST(DistributedSampler, DatasetSmallerThanOneGlobalBatch) {
   EXPECT_THROW(DistributedSampler(3, BatchLayout{2, 1, 2}, 0), Error);
 }
 
+// 40 samples in three buckets of 17, 13 and 10 samples.
+std::vector<int32_t> three_buckets() {
+  std::vector<int32_t> bucket_of;
+  for (int i = 0; i < 40; ++i) bucket_of.push_back(i < 17 ? 0 : i < 30 ? 2 : 1);
+  return bucket_of;
+}
+
+TEST(DistributedSampler, WithBucketsEveryMicroBatchHoldsOneBucket) {
+  const std::vector<int32_t> bucket_of = three_buckets();
+  const BatchLayout layout{3, 2, 2};
+  const DistributedSampler s(40, layout, 5, bucket_of);
+  // Whole micro-batches of 3 per bucket: 5 + 4 + 3 = 12 of them, 36 samples; 3 global batches of 12.
+  EXPECT_EQ(s.samples_per_epoch(), 36);
+  EXPECT_EQ(s.steps_per_epoch(), 3);
+  std::set<int64_t> seen;
+  for (int64_t step = 0; step < 2 * s.steps_per_epoch(); ++step)
+    for (int64_t m = 0; m < layout.accumulation; ++m)
+      for (int64_t r = 0; r < layout.world; ++r) {
+        const std::vector<int64_t> micro = s.micro_batch(step, m, r);
+        for (int64_t i : micro) EXPECT_EQ(bucket_of[i], bucket_of[micro[0]]) << "step " << step;
+        if (step < s.steps_per_epoch()) seen.insert(micro.begin(), micro.end());
+      }
+  EXPECT_EQ(seen.size(), 36u);  // an epoch uses no sample twice
+  EXPECT_NE(s.epoch_order(0), s.epoch_order(1));
+  // The buckets take turns rather than coming one after another.
+  std::vector<int32_t> order_of_buckets;
+  for (size_t i = 0; i < s.epoch_order(0).size(); i += 3) order_of_buckets.push_back(bucket_of[s.epoch_order(0)[i]]);
+  EXPECT_FALSE(std::is_sorted(order_of_buckets.begin(), order_of_buckets.end()));
+}
+
+TEST(DistributedSampler, WithBucketsTheSameSamplesMakeAStepWhateverTheWorldSize) {
+  const BatchLayout one{2, 4, 1}, four{2, 1, 4};
+  const DistributedSampler a(40, one, 9, three_buckets()), b(40, four, 9, three_buckets());
+  for (int64_t step = 0; step < 8; ++step) EXPECT_EQ(step_samples(a, one, step), step_samples(b, four, step));
+}
+
+TEST(BatchPlanner, NamesTheBucketOfEachMicroBatch) {
+  const uint64_t seed = 3;
+  const std::vector<int32_t> bucket_of = three_buckets();
+  const BatchPlanner planner(40, BatchLayout{4, 1, 1}, 0, seed, bucket_of);
+  EXPECT_EQ(planner.samples_per_epoch(), 36);  // 4 + 3 + 2 micro-batches of 4
+  for (int64_t step = 0; step < 9; ++step) {
+    const BatchRequest request = planner.plan(step, 0);
+    for (int64_t i : request.indices) EXPECT_EQ(bucket_of[i], request.bucket);
+  }
+  EXPECT_EQ(BatchPlanner(40, BatchLayout{4, 1, 1}, 0, seed).plan(0, 0).bucket, -1);
+}
+
+TEST(RandomSubset, SeededAndTheSameEachTime) {
+  EXPECT_EQ(random_subset(10, 4, 1), random_subset(10, 4, 1));
+  EXPECT_EQ(random_subset(10, 4, 1).size(), 4u);
+  EXPECT_NE(random_subset(10, 4, 1), random_subset(10, 4, 2));
+  EXPECT_EQ(random_subset(3, 5, 1), (std::vector<int64_t>{0, 1, 2}));
+}
+
 }  // namespace
 }  // namespace sd::data

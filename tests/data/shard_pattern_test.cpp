@@ -12,14 +12,7 @@ namespace {
 namespace fs = std::filesystem;
 using Names = std::vector<std::string>;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const sd::Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using sd::test::error_of;
 
 TEST(ShardPattern, ZeroPaddedRangesAsWebDatasetWritesThem) {
   const Names names = expand_braces("data/{00000..00099}.tar");

@@ -3,12 +3,15 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "io/atomic_file.h"
+#include "io/image.h"
 #include "io/tar_builder.h"
 #include "test_util.h"
 
 namespace sd::data {
 namespace {
 
+namespace fs = std::filesystem;
 using sd::test::TarBuilder;
 using sd::test::TempDir;
 
@@ -22,13 +25,7 @@ TEST(WebDataset, KeyIsThePathUpToTheBaseNamesFirstDot) {
   EXPECT_EQ(split_sample_key("dir/.hidden"), std::nullopt);
 }
 
-std::vector<WebDatasetSample> read_all(WebDatasetReader& reader) {
-  std::vector<WebDatasetSample> samples;
-  while (std::optional<WebDatasetSample> s = reader.next()) samples.push_back(std::move(*s));
-  return samples;
-}
-
-TEST(WebDataset, ConsecutiveMembersWithOneKeyFormASample) {
+TEST(WebDataset, IndexFindsEachSamplesImageAndCaptionFromTheHeadersAlone) {
   TempDir dir;
   // As img2dataset writes a shard: image, caption and metadata per key.
   TarBuilder()
@@ -36,39 +33,40 @@ TEST(WebDataset, ConsecutiveMembersWithOneKeyFormASample) {
       .file("000000000.txt", "a red car")
       .file("000000000.json", "{}")
       .file("000000001.WEBP", "W1")
-      .file("000000001.txt", "a dog")
-      .file("000000002.png", "P2")
+      .file("000000001.json", R"({"caption": "a dog"})")
       .end()
       .write(dir.path() / "00000.tar");
-  WebDatasetReader reader(dir.path() / "00000.tar");
-  const std::vector<WebDatasetSample> samples = read_all(reader);
-  ASSERT_EQ(samples.size(), 3u);
-  EXPECT_EQ(samples[0].key, "000000000");
-  EXPECT_EQ(samples[0].files,
-            (std::map<std::string, std::string>{{"jpg", "J0"}, {"txt", "a red car"}, {"json", "{}"}}));
-  EXPECT_EQ(samples[0].shard, dir.path() / "00000.tar");
-  EXPECT_EQ(samples[1].files.at("webp"), "W1");  // extensions are lower-cased
-  EXPECT_EQ(find_image(samples[1])->first, "webp");
-  EXPECT_EQ(*find_image(samples[2])->second, "P2");
-  EXPECT_FALSE(samples[2].files.count("txt"));
-  EXPECT_TRUE(reader.warnings().empty());
+  const ShardIndex index = index_shard(dir.path() / "00000.tar", 7);
+  ASSERT_EQ(index.samples.size(), 2u);
+  // Every member takes a header block and its data padded to a block: the jpg's data is at 512, the txt's at 1536.
+  EXPECT_EQ(index.samples[0].image_offset, 512u);
+  EXPECT_EQ(index.samples[0].image_size, 2u);
+  EXPECT_EQ(index.samples[0].caption_offset, 1536u);
+  EXPECT_FALSE(index.samples[0].caption_is_json);  // txt wins over json
+  EXPECT_EQ(index.samples[0].shard, 7u);
+  EXPECT_TRUE(index.samples[1].caption_is_json);  // extensions are lower-cased: WEBP is an image
+  EXPECT_EQ(index.incomplete, 0);
+  EXPECT_TRUE(index.warnings.empty());
 }
 
-TEST(WebDataset, StrayMembersAndDuplicatesAreWarnedAboutAndDropped) {
+TEST(WebDataset, SamplesWithoutImageOrCaptionAreCountedAndStrayMembersWarnedAbout) {
   TempDir dir;
   TarBuilder()
       .file("README", "no extension")
-      .file("7.jpg", "first")
-      .file("7.jpg", "second")
+      .file("1.jpg", "no caption")
+      .file("2.txt", "no image")
+      .file("3.png", "first")
+      .file("3.png", "second")
+      .file("3.txt", "kept")
       .end()
       .write(dir.path() / "s.tar");
-  WebDatasetReader reader(dir.path() / "s.tar");
-  const std::vector<WebDatasetSample> samples = read_all(reader);
-  ASSERT_EQ(samples.size(), 1u);
-  EXPECT_EQ(samples[0].files.at("jpg"), "first");
-  ASSERT_EQ(reader.warnings().size(), 2u);
-  EXPECT_NE(reader.warnings()[0].find("s.tar: member 'README' has no extension"), std::string::npos);
-  EXPECT_NE(reader.warnings()[1].find("s.tar: sample '7' has two 'jpg' files"), std::string::npos);
+  const ShardIndex index = index_shard(dir.path() / "s.tar", 0);
+  ASSERT_EQ(index.samples.size(), 1u);
+  EXPECT_EQ(index.incomplete, 2);
+  EXPECT_EQ(index.incomplete_example, (dir.path() / "s.tar").string() + ": '1'");
+  ASSERT_EQ(index.warnings.size(), 2u);
+  EXPECT_NE(index.warnings[0].find("s.tar: member 'README' has no extension"), std::string::npos);
+  EXPECT_NE(index.warnings[1].find("s.tar: sample '3' has two 'png' files"), std::string::npos);
 }
 
 TEST(WebDataset, TruncatedShardKeepsTheSamplesBeforeTheDamage) {
@@ -78,18 +76,74 @@ TEST(WebDataset, TruncatedShardKeepsTheSamplesBeforeTheDamage) {
   std::string bytes = tar.bytes();
   bytes.resize(bytes.size() - 3000);
   TarBuilder().raw(bytes).write(dir.path() / "t.tar");
-  WebDatasetReader reader(dir.path() / "t.tar");
-  const std::vector<WebDatasetSample> samples = read_all(reader);
-  ASSERT_EQ(samples.size(), 1u);
-  EXPECT_EQ(samples[0].key, "0");
-  ASSERT_EQ(reader.warnings().size(), 1u);
-  EXPECT_NE(reader.warnings()[0].find("member '1.jpg'"), std::string::npos);
+  const ShardIndex index = index_shard(dir.path() / "t.tar", 0);
+  EXPECT_EQ(index.samples.size(), 1u);
+  ASSERT_EQ(index.warnings.size(), 1u);
+  EXPECT_NE(index.warnings[0].find("member '1.jpg'"), std::string::npos);
 }
 
 TEST(WebDataset, NotATarIsAnErrorNamingIt) {
   TempDir dir;
   std::ofstream(dir.path() / "x.tar") << std::string(1000, 'x');
-  EXPECT_THROW(WebDatasetReader(dir.path() / "x.tar"), sd::Error);
+  EXPECT_NE(sd::test::error_of([&] { WebDatasetShards({dir.path() / "x.tar"}, "text", 1); }).find("x.tar: not a tar"),
+            std::string::npos);
+}
+
+// A 6x4 PNG whose pixels are all `value`.
+std::string png_bytes(const fs::path& dir, uint8_t value) {
+  const fs::path path = dir / "tmp.png";
+  io::save_png(path, io::RgbImage{6, 4, std::vector<uint8_t>(6 * 4 * 3, value)});
+  return io::read_text_file(path);
+}
+
+TEST(WebDataset, ShardsReadEachSampleWithOnePreadAndReplaceUndecodableImages) {
+  TempDir dir;
+  TarBuilder()
+      .file("a.png", png_bytes(dir.path(), 10))
+      .file("a.txt", "from txt")
+      .file("b.png", "not an image")
+      .file("b.txt", "broken")
+      .end()
+      .write(dir.path() / "0.tar");
+  TarBuilder()
+      .file("c.png", png_bytes(dir.path(), 30))
+      .file("c.json", R"({"text": "from the caption column"})")
+      .file("d.png", png_bytes(dir.path(), 40))
+      .file("d.json", R"({"caption": "img2dataset's key"})")
+      .file("e.png", png_bytes(dir.path(), 50))
+      .file("e.json", R"({"url": "no caption"})")
+      .end()
+      .write(dir.path() / "1.tar");
+  const WebDatasetShards shards({dir.path() / "0.tar", dir.path() / "1.tar"}, "text", 2);
+  ASSERT_EQ(shards.size(), 5);
+  EXPECT_EQ(shards.num_shards(), 2);
+  EXPECT_EQ(shards.read(0).captions, std::vector<std::string>{"from txt"});
+  EXPECT_EQ(shards.read(2).captions, std::vector<std::string>{"from the caption column"});
+  EXPECT_EQ(shards.read(3).captions, std::vector<std::string>{"img2dataset's key"});
+  EXPECT_THROW(shards.read(4), UnusableSample);
+  EXPECT_NE(shards.describe(1).find("0.tar (the sample whose image starts at byte"), std::string::npos);
+
+  // b's image does not decode and e has no caption: each is replaced by the sample after it, wrapping around.
+  EXPECT_EQ(shards.decode(0).image.pixels[0], 10);
+  EXPECT_EQ(shards.decode(1).image.pixels[0], 30);
+  EXPECT_EQ(shards.decode(1).captions, std::vector<std::string>{"from the caption column"});
+  EXPECT_EQ(shards.decode(4).image.pixels[0], 10);
+
+  // Only the headers of images are read to bucket them.
+  const std::vector<Resolution> sizes = image_sizes(shards, {9, 9}, 2);
+  EXPECT_EQ(sizes, (std::vector<Resolution>{{6, 4}, {9, 9}, {6, 4}, {6, 4}, {6, 4}}));
+
+  // A shard that vanishes after indexing is an error, not a replacement: no other sample stands in for lost data.
+  fs::remove(dir.path() / "1.tar");
+  EXPECT_NE(sd::test::error_of([&] { shards.decode(2); }).find("1.tar: cannot open the tar archive"),
+            std::string::npos);
+}
+
+TEST(WebDataset, ShardsWithoutAnyUsableSampleAreAnError) {
+  TempDir dir;
+  TarBuilder().file("a.jpg", "x").end().write(dir.path() / "0.tar");
+  EXPECT_EQ(sd::test::error_of([&] { WebDatasetShards({dir.path() / "0.tar"}, "text", 1); }),
+            "--train_shards: the 1 shard(s) hold no sample with both an image and a caption");
 }
 
 }  // namespace

@@ -12,15 +12,15 @@ namespace {
 using sd::test::TarBuilder;
 using sd::test::TempDir;
 
-std::vector<TarMember> read_all(TarReader& reader) {
-  std::vector<TarMember> members;
-  while (std::optional<TarMember> m = reader.next()) members.push_back(std::move(*m));
-  return members;
+std::vector<TarEntry> read_all(TarReader& reader) {
+  std::vector<TarEntry> entries;
+  while (std::optional<TarEntry> e = reader.next()) entries.push_back(std::move(*e));
+  return entries;
 }
 
-std::vector<std::string> names_of(const std::vector<TarMember>& members) {
+std::vector<std::string> names_of(const std::vector<TarEntry>& entries) {
   std::vector<std::string> names;
-  for (const TarMember& m : members) names.push_back(m.name);
+  for (const TarEntry& e : entries) names.push_back(e.name);
   return names;
 }
 
@@ -33,7 +33,7 @@ std::string error_of(const std::filesystem::path& path) {
   return "";
 }
 
-TEST(TarReader, ReadsRegularFilesInOrderAndPassesOverDirectories) {
+TEST(TarReader, ListsRegularFilesInOrderAndPassesOverDirectories) {
   TempDir dir;
   TarBuilder()
       .file("shard/", "", '5')
@@ -43,11 +43,38 @@ TEST(TarReader, ReadsRegularFilesInOrderAndPassesOverDirectories) {
       .end()
       .write(dir.path() / "a.tar");
   TarReader reader(dir.path() / "a.tar");
-  const std::vector<TarMember> members = read_all(reader);
-  EXPECT_EQ(names_of(members), (std::vector<std::string>{"shard/000.jpg", "shard/000.txt"}));
-  EXPECT_EQ(members[0].data, std::string(700, 'x'));
-  EXPECT_EQ(members[1].data, "a cat");
+  const std::vector<TarEntry> entries = read_all(reader);
+  EXPECT_EQ(names_of(entries), (std::vector<std::string>{"shard/000.jpg", "shard/000.txt"}));
+  // Each data block follows its header: directory header, jpg header, 700 bytes padded to 1024, txt header.
+  EXPECT_EQ(entries[0].data_offset, 1024u);
+  EXPECT_EQ(entries[0].size, 700u);
+  EXPECT_EQ(entries[1].data_offset, 2560u);
+  EXPECT_EQ(read_entry(dir.path() / "a.tar", entries[0]), std::string(700, 'x'));
+  EXPECT_EQ(read_entry(dir.path() / "a.tar", entries[1]), "a cat");
   EXPECT_TRUE(reader.warnings().empty());
+}
+
+TEST(TarReader, ReadingAnEntryOfAVanishedOrShortenedArchiveIsAnErrorNamingIt) {
+  TempDir dir;
+  TarBuilder().file("0.jpg", std::string(2000, 'j')).end().write(dir.path() / "v.tar");
+  TarReader reader(dir.path() / "v.tar");
+  const TarEntry entry = *reader.next();
+  std::filesystem::resize_file(dir.path() / "v.tar", 1000);
+  try {
+    read_entry(dir.path() / "v.tar", entry);
+    ADD_FAILURE() << "no error";
+  } catch (const sd::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("v.tar: member '0.jpg' (2000 bytes at offset 512) can no longer be read"),
+              std::string::npos)
+        << e.what();
+  }
+  std::filesystem::remove(dir.path() / "v.tar");
+  try {
+    read_entry(dir.path() / "v.tar", entry);
+    ADD_FAILURE() << "no error";
+  } catch (const sd::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("v.tar: cannot open the tar archive"), std::string::npos) << e.what();
+  }
 }
 
 TEST(TarReader, ReadsWhatGnuTarWritesIncludingLongNamesInEveryFormat) {
@@ -72,9 +99,9 @@ TEST(TarReader, PaxRecordsOverrideTheNextHeader) {
   // A pax record: its own length in decimal, "key=value", newline.
   TarBuilder().file("PaxHeaders/x", "22 path=renamed/0.txt\n", 'x').file("x", "data").end().write(dir.path() / "p.tar");
   TarReader reader(dir.path() / "p.tar");
-  const std::vector<TarMember> members = read_all(reader);
-  ASSERT_EQ(members.size(), 1u);
-  EXPECT_EQ(members[0].name, "renamed/0.txt");
+  const std::vector<TarEntry> entries = read_all(reader);
+  ASSERT_EQ(entries.size(), 1u);
+  EXPECT_EQ(entries[0].name, "renamed/0.txt");
 }
 
 TEST(TarReader, NotATarIsOneErrorNamingTheFile) {
@@ -152,13 +179,14 @@ TEST(TarReader, MissingEndBlocksOrAHalfHeaderAreWarnedAbout) {
   EXPECT_NE(half.warnings()[0].find("truncated tar header at offset 1024"), std::string::npos);
 }
 
-TEST(TarReader, MembersOverTheSizeLimitAreSkippedWithAWarning) {
+TEST(TarReader, OversizedHeaderRecordsAreSkippedWithAWarning) {
   TempDir dir;
-  TarBuilder().file("big.bin", std::string(2000, 'b')).file("small.txt", "s").end().write(dir.path() / "l.tar");
-  TarReader reader(dir.path() / "l.tar", /*max_member_bytes=*/1000);
-  EXPECT_EQ(names_of(read_all(reader)), std::vector<std::string>{"small.txt"});
+  const std::string huge_name(TarReader::kMaxRecordBytes + 1, 'n');
+  TarBuilder().file("././@LongLink", huge_name, 'L').file("small.txt", "s").end().write(dir.path() / "l.tar");
+  TarReader reader(dir.path() / "l.tar");
+  EXPECT_EQ(names_of(read_all(reader)), std::vector<std::string>{"small.txt"});  // its own name, not the record's
   ASSERT_EQ(reader.warnings().size(), 1u);
-  EXPECT_NE(reader.warnings()[0].find("member 'big.bin' is 2000 bytes, more than the 1000 allowed"), std::string::npos);
+  EXPECT_NE(reader.warnings()[0].find("header record '././@LongLink' is 1048577 bytes"), std::string::npos);
 }
 
 }  // namespace

@@ -30,6 +30,8 @@ struct VaeConfig {
   static VaeConfig load(const std::string& path);
   nlohmann::json to_json() const;
   void validate() const;
+  // Pixels per latent along each side: every block but the last halves the image.
+  int64_t scale_factor() const { return int64_t{1} << (block_out_channels.size() - 1); }
 
   // The SD-1.x / SD-2.x VAE (runwayml/stable-diffusion-v1-5 vae/config.json; SD-2 differs only in sample_size 768).
   static VaeConfig sd();

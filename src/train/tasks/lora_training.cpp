@@ -86,8 +86,8 @@ LoraTrainingTask::LoraTrainingTask(const LoraTrainingOptions& o, RunContext& con
   SD_CHECK(!o.lora_target_modules.empty(), "--lora_target_modules: give at least one layer name");
   pipeline::parse_lora_format(o.lora_format);  // a bad name fails now, not after training
   SD_CHECK(!o.train_text_encoder_lora || !pipe_->text_encoder.is_empty(),
-           "--train_text_encoder_lora needs the text encoder, which --synthetic_data latents and --replay_inputs run "
-           "without");
+           "--train_text_encoder_lora needs the text encoder, which --train_latents, --synthetic_data latents and "
+           "--replay_inputs run without");
   for (auto& p : pipe_->unet->parameters()) p.set_requires_grad(false);
   add_adapters(LoraComponent::kUNet, o.lora_target_modules, "--lora_target_modules");
   if (o.train_text_encoder_lora) add_adapters(LoraComponent::kTextEncoder, kTextEncoderTargets, "text encoder");
@@ -185,7 +185,7 @@ std::map<std::string, std::string> LoraTrainingTask::kohya_metadata() const {
       {"ss_gradient_checkpointing", py_bool(o_.gradient_checkpointing)},
       {"ss_mixed_precision", t.mixed_precision},
       {"ss_seed", std::to_string(context_.seed)},
-      {"ss_resolution", fmt::format("({0}, {0})", o_.resolution)},
+      {"ss_resolution", fmt::format("({0}, {0})", o_.data.transform.resolution)},
       {"ss_num_train_images", std::to_string(dataset_size())},
       {"ss_noise_offset", py_float(o_.noise_offset)},
       {"ss_optimizer", "torch.optim.adamw.AdamW"},
@@ -199,7 +199,7 @@ std::map<std::string, std::string> LoraTrainingTask::kohya_metadata() const {
 
 fs::path LoraTrainingTask::export_final(const io::TensorMap& weights, const io::TensorMap& ema) {
   fs::create_directories(output_dir_);
-  if (!o_.replay_inputs.empty()) write_replay_record(weights, ema);
+  if (!o_.data.replay_inputs.empty()) write_replay_record(weights, ema);
   // The EMA weights with --use_ema, as UNet training exports them.
   const pipeline::LoraWeights final_weights = trained(ema.empty() ? weights : ema);
   const fs::path diffusers_file = output_dir_ / "pytorch_lora_weights.safetensors";

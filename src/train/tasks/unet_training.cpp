@@ -7,9 +7,9 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "data/random_streams.h"
-#include "data/training_batches.h"
 #include "io/atomic_file.h"
 #include "io/json_config.h"
+#include "models/vae/vae_config.h"
 #include "models/weights.h"
 #include "pipeline/stable_diffusion.h"
 #include "pipeline/txt2img.h"
@@ -29,17 +29,6 @@ UNetTrainingOptions::UNetTrainingOptions() {
 
 namespace {
 
-// Which of the data sources the flags choose; exactly one must be given.
-DataKind data_kind(const UNetTrainingOptions& o) {
-  const int given = !o.train_data_dir.empty() + !o.synthetic_data.empty() + !o.replay_inputs.empty();
-  SD_CHECK(given == 1, "give exactly one of --train_data_dir, --synthetic_data and --replay_inputs ({} given)", given);
-  if (!o.train_data_dir.empty()) return DataKind::kFolder;
-  if (!o.replay_inputs.empty()) return DataKind::kReplay;
-  SD_CHECK(o.synthetic_data == "images" || o.synthetic_data == "latents",
-           "--synthetic_data: expected images or latents, got '{}'", o.synthetic_data);
-  return o.synthetic_data == "images" ? DataKind::kSyntheticImages : DataKind::kSyntheticLatents;
-}
-
 // Writes `config` and `weights` as a diffusers model folder, e.g. <output>/unet.
 void write_model_folder(const fs::path& dir, const json& config, const io::TensorMap& weights) {
   io::write_directory_atomically(dir, [&](const fs::path& tmp) {
@@ -56,12 +45,13 @@ UNetTrainingTask::UNetTrainingTask(const UNetTrainingOptions& o, RunContext& con
       model_dir_(o.pretrained_model_name_or_path),
       output_dir_(o.training.output_dir),
       unet_dtype_(unet_dtype) {
-  const DataKind kind = data_kind(o);
-  SD_CHECK(o.validation_prompts.empty() || (kind != DataKind::kSyntheticLatents && kind != DataKind::kReplay),
-           "--validation_prompts needs the VAE and text encoder, which --synthetic_data latents and --replay_inputs "
-           "run without");
-  SD_CHECK(o.resolution > 0 && o.resolution % 8 == 0, "--resolution {} must be a positive multiple of 8", o.resolution);
-  load_models(kind);
+  const bool with_encoders = data::needs_encoders(data::data_kind(o.data));
+  SD_CHECK(o.validation_prompts.empty() || with_encoders,
+           "--validation_prompts needs the VAE and text encoder, which --train_latents, --synthetic_data latents and "
+           "--replay_inputs run without");
+  const int resolution = o.data.transform.resolution;
+  SD_CHECK(resolution > 0 && resolution % 8 == 0, "--resolution {} must be a positive multiple of 8", resolution);
+  load_models(with_encoders);
 
   schedulers::DDPMScheduler ddpm(pipe_->scheduler_config);
   DenoisingLossOptions loss_options;
@@ -73,52 +63,24 @@ UNetTrainingTask::UNetTrainingTask(const UNetTrainingOptions& o, RunContext& con
   loss_ = std::make_unique<DenoisingLoss>(pipe_->unet, ddpm.alphas_cumprod(), loss_options);
   pipe_->unet->set_gradient_checkpointing(o.gradient_checkpointing);
 
-  const data::BatchLayout& layout = context_.layout;
-  const int rank = context_.comm->rank();
-  if (kind == DataKind::kFolder) {
-    data::ImageCaptionDataset dataset({o.train_data_dir, o.image_column, o.caption_column});
-    if (o.max_train_samples && *o.max_train_samples < dataset.size()) {
-      // As the script's dataset.shuffle(seed).select(range(n)): a seeded subset, the same on every rank.
-      at::Generator gen = data::stream_generator(context_.seed, data::Stream::kDataOrder, ~uint64_t{0});
-      at::Tensor order = at::randperm(dataset.size(), gen, at::TensorOptions().dtype(at::kLong));
-      dataset.select(std::vector<int64_t>(order.data_ptr<int64_t>(), order.data_ptr<int64_t>() + *o.max_train_samples));
-    }
-    log::info("{} training images ({} layout) in {}", dataset.size(), dataset.layout(), o.train_data_dir);
-    planner_ = std::make_unique<data::BatchPlanner>(dataset.size(), layout, rank, context_.seed);
-    data::ImageCaptionSourceOptions source_options;
-    source_options.transform = {o.resolution, o.center_crop, o.random_flip};
-    source_options.loader_threads = std::max(1, o.dataloader_num_workers);
-    source_options.prefetch_micro_batches = static_cast<int>(2 * layout.accumulation + 2);
-    source_ = std::make_unique<data::ImageCaptionSource>(std::move(dataset), pipe_->tokenizer, source_options,
-                                                         context_.seed, *planner_);
-  } else if (kind == DataKind::kReplay) {
-    auto replay = std::make_unique<data::ReplaySource>(o.replay_inputs, layout, rank);
-    SD_CHECK(!o.training.max_train_steps || *o.training.max_train_steps <= replay->steps(),
-             "--max_train_steps {} exceeds the {} step(s) --replay_inputs holds", *o.training.max_train_steps,
-             replay->steps());
-    replay_steps_ = replay->steps();
-    planner_ = std::make_unique<data::BatchPlanner>(0, layout, rank, context_.seed);
-    source_ = std::move(replay);
-  } else {
-    data::SyntheticOptions synthetic;
-    synthetic.kind = o.synthetic_data;
-    synthetic.samples = o.synthetic_samples;
-    synthetic.resolution = o.resolution;
-    synthetic.latent_channels = pipe_->unet->config().in_channels;
-    synthetic.embedding_dim = pipe_->unet->config().cross_attention_dim.at(0);
-    planner_ = std::make_unique<data::BatchPlanner>(o.synthetic_samples, layout, rank, context_.seed);
-    source_ = std::make_unique<data::SyntheticSource>(
-        synthetic, kind == DataKind::kSyntheticImages ? &pipe_->tokenizer : nullptr, context_.seed);
-  }
-  if (source_->size() > 0) steps_per_epoch_ = source_->size() / layout.global();
+  data::TrainingData data = data::open_training_data(o.data, pipe_->tokenizer, model_shapes(), context_.seed,
+                                                     context_.layout, context_.comm->rank());
+  planner_ = std::move(data.planner);
+  source_ = std::move(data.source);
+  replay_steps_ = data.replay_steps;
+  SD_CHECK(!replay_steps_ || !o.training.max_train_steps || *o.training.max_train_steps <= *replay_steps_,
+           "--max_train_steps {} exceeds the {} step(s) --replay_inputs holds", o.training.max_train_steps.value_or(0),
+           replay_steps_.value_or(0));
+  steps_per_epoch_ = planner_->samples_per_epoch() / context_.layout.global();
 }
 
-void UNetTrainingTask::load_models(DataKind kind) {
+void UNetTrainingTask::load_models(bool with_encoders) {
   pipeline::check_pipeline_layout(model_dir_);
   pipe_ = std::make_unique<pipeline::StableDiffusion>(
       pipeline::StableDiffusion{io::JsonConfig::load(model_dir_ / "model_index.json").raw(),
                                 text::ClipTokenizer::load(model_dir_ / "tokenizer"), nullptr, nullptr, nullptr,
                                 schedulers::SchedulerConfig::load(model_dir_ / "scheduler" / "scheduler_config.json")});
+  vae_config_ = models::VaeConfig::load((model_dir_ / "vae" / "config.json").string());
   if (o_.from_scratch) {
     at::manual_seed(static_cast<int64_t>(context_.seed));
     pipe_->unet =
@@ -129,15 +91,25 @@ void UNetTrainingTask::load_models(DataKind kind) {
     pipe_->unet = models::load_unet(model_dir_ / "unet", unet_dtype_);
   }
   pipe_->unet->train();
-  if (kind != DataKind::kFolder && kind != DataKind::kSyntheticImages) return;
+  if (!with_encoders) return;
   const at::ScalarType frozen = context_.precision.frozen;
   pipe_->text_encoder = models::load_text_encoder(model_dir_ / "text_encoder", frozen);
   pipe_->vae = models::load_vae(model_dir_ / "vae", frozen);
   for (auto* module :
        {static_cast<torch::nn::Module*>(pipe_->text_encoder.get()), static_cast<torch::nn::Module*>(pipe_->vae.get())})
     for (auto& p : module->parameters()) p.set_requires_grad(false);
-  SD_CHECK(o_.resolution % pipe_->vae_scale_factor() == 0, "--resolution {} must be divisible by {} (the VAE's factor)",
-           o_.resolution, pipe_->vae_scale_factor());
+  SD_CHECK(o_.data.transform.resolution % pipe_->vae_scale_factor() == 0,
+           "--resolution {} must be divisible by {} (the VAE's factor)", o_.data.transform.resolution,
+           pipe_->vae_scale_factor());
+}
+
+data::ModelShapes UNetTrainingTask::model_shapes() const {
+  data::ModelShapes shapes;
+  shapes.latent_channels = pipe_->unet->config().in_channels;
+  shapes.vae_scale_factor = vae_config_.scale_factor();
+  shapes.vae_scaling_factor = vae_config_.scaling_factor;
+  shapes.text_dim = pipe_->unet->config().cross_attention_dim.at(0);
+  return shapes;
 }
 
 std::vector<NamedParameter> UNetTrainingTask::trainable_parameters() {
@@ -152,17 +124,14 @@ at::Tensor UNetTrainingTask::encode_text(const at::Tensor& input_ids) {
   return pipe_->text_encoder->forward(input_ids).last_hidden_state;
 }
 
-at::Tensor UNetTrainingTask::encode_latents(const data::TrainingBatch& batch, const data::BatchRequest& request) {
-  at::NoGradGuard no_grad;
-  const models::DiagonalGaussian posterior = pipe_->vae->encode(batch.pixel_values.to(context_.precision.frozen));
-  std::vector<at::Tensor> eps;
-  for (int64_t j = 0; j < batch.pixel_values.size(0); ++j) {
-    at::Generator gen =
-        data::stream_generator(context_.seed, data::Stream::kPosterior, static_cast<uint64_t>(request.step),
-                               static_cast<uint64_t>(request.first_position + j));
-    eps.push_back(at::randn(posterior.mean.sizes().slice(1), gen));
+void UNetTrainingTask::encode(data::TrainingBatch& batch) {
+  {
+    at::NoGradGuard no_grad;
+    const models::DiagonalGaussian posterior = pipe_->vae->encode(batch.pixel_values.to(context_.precision.frozen));
+    batch.latent_mean = posterior.mean;
+    batch.latent_std = posterior.std;
   }
-  return (posterior.mean.to(at::kFloat) + posterior.std.to(at::kFloat) * at::stack(eps)) * pipe_->vae->scaling_factor();
+  batch.encoder_hidden_states = encode_text(batch.input_ids);
 }
 
 DenoisingDraws UNetTrainingTask::draw(const data::TrainingBatch& batch, const data::BatchRequest& request) const {
@@ -172,10 +141,7 @@ DenoisingDraws UNetTrainingTask::draw(const data::TrainingBatch& batch, const da
   const int64_t channels = shape[0];
   std::vector<at::Tensor> noise, timesteps, offset, perturbation;
   for (int64_t j = 0; j < batch.latents.size(0); ++j) {
-    auto gen = [&](Stream s) {
-      return data::stream_generator(context_.seed, s, static_cast<uint64_t>(request.step),
-                                    static_cast<uint64_t>(request.first_position + j));
-    };
+    const data::SampleStreams gen{context_.seed, request.step, request.first_position + j};
     noise.push_back(at::randn(shape, gen(Stream::kNoise)));
     timesteps.push_back(at::randint(pipe_->scheduler_config.num_train_timesteps, {1}, gen(Stream::kTimestep)));
     if (o_.noise_offset != 0) offset.push_back(at::randn({channels, 1, 1}, gen(Stream::kNoiseOffset)));
@@ -188,15 +154,15 @@ DenoisingDraws UNetTrainingTask::draw(const data::TrainingBatch& batch, const da
 at::Tensor UNetTrainingTask::micro_batch_loss(int64_t step, int64_t micro) {
   const data::BatchRequest request = planner_->plan(step, micro);
   data::TrainingBatch batch = source_->get(request);
-  if (!batch.encoded()) {
-    batch.latents = encode_latents(batch, request);
-    batch.encoder_hidden_states = encode_text(batch.input_ids);
-  }
+  if (batch.pixel_values.defined()) encode(batch);
+  if (batch.latent_mean.defined())
+    batch.latents =
+        data::sample_posterior(batch.latent_mean, batch.latent_std, vae_config_.scaling_factor, context_.seed, request);
   return (*loss_)(batch.latents, batch.encoder_hidden_states, draw(batch, request)).loss;
 }
 
 void UNetTrainingTask::after_step(const StepReport& r) {
-  if (o_.replay_inputs.empty()) return;
+  if (o_.data.replay_inputs.empty()) return;
   const int64_t k = r.step - 1;
   replay_record_[fmt::format("step{}.loss", k)] = at::tensor({r.loss}, at::kDouble);
   replay_record_[fmt::format("step{}.lr", k)] = at::tensor({r.lr}, at::kDouble);
@@ -252,7 +218,7 @@ void UNetTrainingTask::write_replay_record(const io::TensorMap& weights, const i
 
 fs::path UNetTrainingTask::export_final(const io::TensorMap& weights, const io::TensorMap& ema) {
   fs::create_directories(output_dir_);
-  if (!o_.replay_inputs.empty()) write_replay_record(weights, ema);
+  if (!o_.data.replay_inputs.empty()) write_replay_record(weights, ema);
   // The trained UNet first (the EMA weights with --use_ema, as the script saves), then the frozen parts as they
   // are; model_index.json, written last, marks the pipeline complete.
   write_model_folder(output_dir_ / "unet", pipe_->unet->config().to_json(), ema.empty() ? weights : ema);

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "data/training_data.h"
 #include "train/trainer.h"
 
 namespace sd::train {
@@ -14,14 +15,8 @@ namespace sd::train {
 // options. Field names are the flag names.
 struct UNetTrainingOptions {
   TrainerOptions training;
+  data::TrainingDataOptions data;
   std::string pretrained_model_name_or_path;
-  std::string train_data_dir;
-  std::string image_column = "image";
-  std::string caption_column = "text";
-  std::optional<int64_t> max_train_samples;
-  int resolution = 512;
-  bool center_crop = false;
-  bool random_flip = false;
   bool gradient_checkpointing = false;
   std::optional<double> snr_gamma;
   double noise_offset = 0;
@@ -29,12 +24,7 @@ struct UNetTrainingOptions {
   std::string prediction_type;  // "" = the scheduler config's
   std::vector<std::string> validation_prompts;
   int64_t validation_epochs = 5;
-  int dataloader_num_workers = 0;
-  // sdtrain's own
-  bool from_scratch = false;           // UNet weights from its config's initialisation
-  std::string synthetic_data;          // "", "images" or "latents"
-  int64_t synthetic_samples = 100000;  // samples in one synthetic epoch
-  std::string replay_inputs;           // a file of recorded inputs (see data/training_batches.h)
+  bool from_scratch = false;  // sdtrain's own: UNet weights from its config's initialisation
 
   // The reference script's defaults for the engine's flags.
   UNetTrainingOptions();

@@ -8,14 +8,13 @@
 #include <vector>
 
 #include "data/training_batches.h"
+#include "data/training_data.h"
+#include "models/vae/vae_config.h"
 #include "pipeline/stable_diffusion.h"
 #include "train/tasks/denoising_loss.h"
 #include "train/tasks/unet_training.h"
 
 namespace sd::train {
-
-// Where the training samples come from (--train_data_dir, --synthetic_data images|latents, --replay_inputs).
-enum class DataKind { kFolder, kSyntheticImages, kSyntheticLatents, kReplay };
 
 class UNetTrainingTask : public Task {
  public:
@@ -25,7 +24,7 @@ class UNetTrainingTask : public Task {
 
   std::string name() const override { return "unet"; }
   std::vector<NamedParameter> trainable_parameters() override;
-  int64_t dataset_size() const override { return source_->size(); }
+  int64_t dataset_size() const override { return planner_->samples_per_epoch(); }
   // A replay runs the steps its file holds.
   std::optional<int64_t> default_max_steps() const override { return replay_steps_; }
   at::Tensor micro_batch_loss(int64_t step, int64_t micro) override;
@@ -57,14 +56,15 @@ class UNetTrainingTask : public Task {
   std::unique_ptr<pipeline::StableDiffusion> pipe_;
 
  private:
-  void load_models(DataKind kind);
-  // Latents (times the VAE factor, float32) of an image batch, with the posterior draws keyed by the samples'
-  // positions.
-  at::Tensor encode_latents(const data::TrainingBatch& batch, const data::BatchRequest& request);
+  void load_models(bool with_encoders);
+  data::ModelShapes model_shapes() const;
+  // The VAE posterior and text embeddings of a batch of pixels and captions.
+  void encode(data::TrainingBatch& batch);
   DenoisingDraws draw(const data::TrainingBatch& batch, const data::BatchRequest& request) const;
   nlohmann::json ema_config() const;
 
   at::ScalarType unet_dtype_;
+  models::VaeConfig vae_config_;  // read even when the VAE is not loaded: latents are scaled by its factor
   std::unique_ptr<data::BatchPlanner> planner_;
   std::unique_ptr<data::BatchSource> source_;
   std::unique_ptr<DenoisingLoss> loss_;

@@ -1,0 +1,47 @@
+// Image-caption training data in a folder, in the two layouts people keep it in:
+//   Hugging Face imagefolder: images plus metadata.jsonl files whose lines name an image ("file_name", relative to
+//     the metadata file's folder) and its caption column (a string, or a list of which training picks one at random),
+//     as diffusers' train_text_to_image.py reads --train_data_dir with datasets' "imagefolder" builder;
+//   kohya: every image with a caption file of the same stem beside it (img.png + img.txt or img.caption).
+// Only the listing happens here; images are read and decoded when a sample is loaded.
+#pragma once
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "data/image_caption_dataset.h"
+
+namespace sd::data {
+
+struct CaptionedImage {
+  std::filesystem::path image;
+  std::vector<std::string> captions;  // one of them is the sample's caption
+};
+
+struct ImageFolderOptions {
+  std::filesystem::path data_dir;
+  std::string image_column = "image";  // "image" is imagefolder's name for the file_name column
+  std::string caption_column = "text";
+};
+
+class ImageFolderDataset : public ImageCaptionDataset {
+ public:
+  // Lists the folder. Throws sd::Error naming the folder or file for: no such folder, no images, a metadata line
+  // that is not JSON or lacks the columns, a caption of the wrong type, an image named but missing.
+  explicit ImageFolderDataset(const ImageFolderOptions& options);
+
+  int64_t size() const override { return static_cast<int64_t>(samples_.size()); }
+  EncodedSample read(int64_t index) const override;
+  std::string image_head(int64_t index, uint64_t bytes) const override;
+  std::string describe(int64_t index) const override { return samples_.at(index).image.string(); }
+  std::string layout() const override { return layout_; }
+  void select(const std::vector<int64_t>& indices) override { keep_indices(samples_, indices); }
+
+ private:
+  std::vector<CaptionedImage> samples_;
+  std::string layout_;
+};
+
+bool is_image_path(const std::filesystem::path& path);
+
+}  // namespace sd::data
