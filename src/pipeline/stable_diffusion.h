@@ -35,16 +35,39 @@ struct StableDiffusion {
   int64_t vae_scale_factor() const;
 };
 
+// The configs of a pipeline's components: what a preset is made of, and what a single-file checkpoint lacks.
+struct PipelineConfigs {
+  models::UNetConfig unet;
+  models::VaeConfig vae;
+  models::ClipTextConfig text_encoder;
+  schedulers::SchedulerConfig scheduler;
+  bool sd2_tokenizer = false;  // presets: SD-2 pads with "!" (id 0), SD-1 with <|endoftext|>
+};
+
 // Throws sd::Error unless `dir` holds model_index.json and the component folders a StableDiffusionPipeline needs.
 void check_pipeline_layout(const std::filesystem::path& dir);
 
-// Loads every component. `tokenizer_dir` overrides <dir>/tokenizer (textual inversion's --tokenizer_name).
-StableDiffusion load_pipeline(const std::filesystem::path& dir, const ComponentDtypes& dtypes = {},
-                              const std::filesystem::path& tokenizer_dir = {});
+// The component configs of a pipeline folder (no weights are read).
+PipelineConfigs read_pipeline_configs(const std::filesystem::path& dir);
 
-// Writes the pipeline as diffusers' save_pretrained does (weights in `dtype`), building it in a temporary folder
-// and renaming it into place; an existing pipeline in `dir` is replaced, other files there are kept.
-void save_pipeline(StableDiffusion& pipe, const std::filesystem::path& dir, at::ScalarType dtype = at::kFloat);
+// Loads every component of a pipeline folder. `tokenizer_dir` overrides <dir>/tokenizer (textual inversion's
+// --tokenizer_name). With a `variant` (e.g. "fp16") each component loads that variant's weights where its folder has
+// them, as diffusers does; a variant no component has is an error.
+StableDiffusion load_pipeline(const std::filesystem::path& dir, const ComponentDtypes& dtypes = {},
+                              const std::filesystem::path& tokenizer_dir = {}, const std::string& variant = "");
+
+// Throws sd::Error (naming `source`) unless the UNet's cross-attention width is the text encoder's hidden size.
+void check_components_fit(const StableDiffusion& pipe, const std::string& source);
+
+// Writes the pipeline as diffusers' save_pretrained does (weights in `dtype`, file names carrying `variant` if
+// given), building it in a temporary folder and renaming it into place; an existing pipeline in `dir` is replaced,
+// other files there are kept.
+void save_pipeline(StableDiffusion& pipe, const std::filesystem::path& dir, at::ScalarType dtype = at::kFloat,
+                   const std::string& variant = "");
+
+// Writes one component folder ("tokenizer", "text_encoder", "vae", "unet" or "scheduler") as save_pipeline does.
+void save_component(StableDiffusion& pipe, const std::string& component, const std::filesystem::path& dir,
+                    at::ScalarType dtype = at::kFloat, const std::string& variant = "");
 
 // What a pipeline folder holds, from the safetensors headers alone (nothing is loaded).
 struct ComponentSummary {
