@@ -13,9 +13,12 @@ void add_textual_inversion(CLI::App& app, std::function<int()>& chosen) {
 
   const std::string task = "Textual inversion";
   flag(cmd, "--pretrained_model_name_or_path", o->pretrained_model_name_or_path,
-       "Pipeline folder in the diffusers layout")
+       "Pipeline folder (diffusers layout), single-file checkpoint (.safetensors, .ckpt) or cached Hub name")
       ->required()
       ->group(task);
+  flag(cmd, "--revision", o->revision, "Hub name: branch, tag or commit hash in the local cache (default main)")
+      ->group(task);
+  flag(cmd, "--variant", o->variant, "Load the weights of this variant (e.g. fp16: *.fp16.safetensors)")->group(task);
   flag(cmd, "--tokenizer_name", o->tokenizer_name, "Tokenizer folder, if not the pipeline's tokenizer/")->group(task);
   flag(cmd, "--train_data_dir", o->train_data_dir, "Folder of training images (jpg, jpeg, png, bmp)")
       ->required()
@@ -56,8 +59,6 @@ void add_textual_inversion(CLI::App& app, std::function<int()>& chosen) {
 
   add_trainer_flags(cmd, o->training);
   add_python_only_training_flags(cmd);
-  accepted_python_flag(cmd, "--revision", true, "sdtrain reads local folders only; ignored");
-  accepted_python_flag(cmd, "--variant", true, "sdtrain reads local folders only; ignored");
   accepted_python_flag(cmd, "--validation_epochs", true, "deprecated in the reference too; use --validation_steps");
 
   cmd->callback([cmd, o, &chosen] {

@@ -13,6 +13,8 @@ namespace sd::train {
 struct TextualInversionOptions {
   TrainerOptions training;
   std::string pretrained_model_name_or_path;
+  std::string revision;
+  std::string variant;
   std::string tokenizer_name;
   std::string train_data_dir;
   std::string learnable_property = "object";
