@@ -38,8 +38,7 @@ int run_convert(const ConvertOptions& o) {
            "{}: single files are written as .safetensors (which A1111 and ComfyUI read), not .ckpt", o.output);
   SD_CHECK(!single_file || o.variant.empty(), "--variant names the files of a pipeline folder; {} is a single file",
            o.output);
-  const pipeline::ModelSource source =
-      pipeline::resolve_model({o.input, o.revision, o.input_variant, o.config_from});
+  const pipeline::ModelSource source = pipeline::resolve_model({o.input, o.revision, o.input_variant, o.config_from});
   pipeline::StableDiffusion pipe = pipeline::load_pipeline(source);
   if (single_file)
     pipeline::save_single_file(pipe, o.output, save_dtype(o));
@@ -65,8 +64,9 @@ void add_convert(CLI::App& app, std::function<int()>& chosen) {
   flag(cmd, "--revision", o->revision, "Hub-name input: branch, tag or commit hash in the local cache (default main)");
   flag(cmd, "--input_variant", o->input_variant, "Pipeline input: load the weights of this variant (e.g. fp16)");
   flag(cmd, "--variant", o->variant, "Pipeline output: name the weight files *.VARIANT.* (e.g. fp16)");
-  flag(cmd, "--save_dtype", o->save_dtype, "dtype of the written weights (default float16 for --variant fp16, else "
-                                           "float32)")
+  flag(cmd, "--save_dtype", o->save_dtype,
+       "dtype of the written weights (default float16 for --variant fp16, else "
+       "float32)")
       ->check(CLI::IsMember({"float32", "float16", "bfloat16"}));
   cmd->callback([o, &chosen] { chosen = [o] { return run_convert(*o); }; });
 }

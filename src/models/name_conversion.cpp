@@ -30,8 +30,16 @@ const char* component_folder(Component component) {
   return "?";
 }
 
+TextEncoderLayout text_encoder_layout(const ClipTextConfig& config) {
+  return config.hidden_act == "gelu" ? TextEncoderLayout::kOpenClip : TextEncoderLayout::kOpenAiClip;
+}
+
+const char* describe(TextEncoderLayout layout) {
+  return layout == TextEncoderLayout::kOpenClip ? "SD-2 (OpenCLIP)" : "SD-1 (OpenAI CLIP)";
+}
+
 LdmNames::LdmNames(const UNetConfig& unet, const VaeConfig& vae, const ClipTextConfig& text_encoder)
-    : text_layout_(text_encoder.hidden_act == "gelu" ? TextEncoderLayout::kOpenClip : TextEncoderLayout::kOpenAiClip) {
+    : text_layout_(models::text_encoder_layout(text_encoder)) {
   add_unet(unet);
   add_vae(vae);
   add_text_encoder(text_encoder);
@@ -44,8 +52,8 @@ void LdmNames::add(Component component, std::string ldm, std::string diffusers, 
 // The LDM UNet numbers its blocks in one sequence: input_blocks (conv_in, then each level's resnet+attention pairs
 // and its downsampler), middle_block, output_blocks (each level's layers, the last one holding the upsampler).
 void LdmNames::add_unet(const UNetConfig& config) {
-  static const std::vector<Leaf> resnet = {{"in_layers.0.", "norm1."},       {"in_layers.2.", "conv1."},
-                                           {"out_layers.0.", "norm2."},      {"out_layers.3.", "conv2."},
+  static const std::vector<Leaf> resnet = {{"in_layers.0.", "norm1."},          {"in_layers.2.", "conv1."},
+                                           {"out_layers.0.", "norm2."},         {"out_layers.3.", "conv2."},
                                            {"emb_layers.1.", "time_emb_proj."}, {"skip_connection.", "conv_shortcut."}};
   const auto unet = [&](const std::string& ldm, const std::string& diffusers, const std::vector<Leaf>* leaves) {
     add(Component::kUnet, kUnetPrefix + ldm, diffusers, leaves);
@@ -119,8 +127,8 @@ void LdmNames::add_vae(const VaeConfig& config) {
       vae(fmt::format("encoder.down.{}.block.{}.", i, j), fmt::format("encoder.down_blocks.{}.resnets.{}.", i, j),
           &resnet);
     for (int64_t j = 0; j <= config.layers_per_block; ++j)
-      vae(fmt::format("decoder.up.{}.block.{}.", from_bottom, j),
-          fmt::format("decoder.up_blocks.{}.resnets.{}.", i, j), &resnet);
+      vae(fmt::format("decoder.up.{}.block.{}.", from_bottom, j), fmt::format("decoder.up_blocks.{}.resnets.{}.", i, j),
+          &resnet);
     if (i + 1 < levels) {
       vae(fmt::format("encoder.down.{}.downsample.", i), fmt::format("encoder.down_blocks.{}.downsamplers.0.", i),
           nullptr);
@@ -163,7 +171,8 @@ void LdmNames::add_text_encoder(const ClipTextConfig& config) {
 LdmLocation LdmNames::to_ldm(Component component, const std::string& name) const {
   const Module* best = nullptr;
   for (const Module& m : modules_)
-    if (m.component == component && matches(m.diffusers, name) && (!best || m.diffusers.size() > best->diffusers.size()))
+    if (m.component == component && matches(m.diffusers, name) &&
+        (!best || m.diffusers.size() > best->diffusers.size()))
       best = &m;
   SD_CHECK(best, "{} tensor '{}' has no place in the single-file (LDM) layout", component_folder(component), name);
   const std::string rest = name.substr(best->diffusers.size());

@@ -4,9 +4,10 @@
 // decide the LDM numbering), plus the few renames inside a module; both directions read the same table.
 //
 //   UNet          model.diffusion_model.input_blocks.4.1.proj_in.weight  <->  down_blocks.1.attentions.0.proj_in.weight
-//   VAE           first_stage_model.decoder.up.3.block.0.nin_shortcut.*  <->  decoder.up_blocks.0.resnets.0.conv_shortcut.*
-//   SD-1 text     cond_stage_model.transformer.text_model.*             <->  text_model.*
-//   SD-2 text     cond_stage_model.model.transformer.resblocks.0.attn.in_proj_weight  <->  q_proj, k_proj, v_proj (fused)
+//   VAE           first_stage_model.decoder.up.3.block.0.nin_shortcut.*  <->
+//   decoder.up_blocks.0.resnets.0.conv_shortcut.* SD-1 text     cond_stage_model.transformer.text_model.* <->
+//   text_model.* SD-2 text     cond_stage_model.model.transformer.resblocks.0.attn.in_proj_weight  <->  q_proj, k_proj,
+//   v_proj (fused)
 #pragma once
 #include <string>
 #include <utility>
@@ -25,6 +26,9 @@ const char* component_folder(Component component);
 // How a single file stores the text encoder: SD-1's OpenAI CLIP keeps transformers' names; SD-2's OpenCLIP (GELU
 // activations) has its own names, with the attention's q/k/v projections fused into one tensor.
 enum class TextEncoderLayout { kOpenAiClip, kOpenClip };
+TextEncoderLayout text_encoder_layout(const ClipTextConfig& config);
+// "SD-1 (OpenAI CLIP)" / "SD-2 (OpenCLIP)", for messages.
+const char* describe(TextEncoderLayout layout);
 
 // Where one diffusers tensor lives in a single file.
 struct LdmLocation {

@@ -16,11 +16,18 @@ using models::Component;
 
 namespace {
 
-bool starts_with(const std::string& text, const std::string& prefix) { return text.compare(0, prefix.size(), prefix) == 0; }
+bool starts_with(const std::string& text, const std::string& prefix) {
+  return text.compare(0, prefix.size(), prefix) == 0;
+}
 
 bool has_key_starting(const io::TensorFile& file, const std::string& prefix) {
   return std::any_of(file.names().begin(), file.names().end(),
                      [&](const std::string& name) { return starts_with(name, prefix); });
+}
+
+models::TextEncoderLayout text_encoder_layout_of(const io::TensorFile& file) {
+  return has_key_starting(file, "cond_stage_model.model.") ? models::TextEncoderLayout::kOpenClip
+                                                           : models::TextEncoderLayout::kOpenAiClip;
 }
 
 // One component of a single file under its diffusers names: each tensor read from its LDM key, split out of a
@@ -87,13 +94,11 @@ std::string matching_preset(const io::TensorFile& file) {
     if (!starts_with(name, "model.diffusion_model.") || !at::isFloatingType(info.dtype)) continue;
     unet_parameters += c10::multiply_integers(info.shape);
   }
-  const bool open_clip = has_key_starting(file, "cond_stage_model.model.");
   std::vector<std::string> fits;
   for (const auto& name : preset_names()) {
     const PipelineConfigs preset = preset_configs(name);
     if (models::count_parameters(preset.unet) == unet_parameters &&
-        models::LdmNames(preset.unet, preset.vae, preset.text_encoder).text_encoder_layout() ==
-            (open_clip ? models::TextEncoderLayout::kOpenClip : models::TextEncoderLayout::kOpenAiClip))
+        models::text_encoder_layout(preset.text_encoder) == text_encoder_layout_of(file))
       fits.push_back(name);
   }
   SD_CHECK(!fits.empty(),
@@ -106,12 +111,9 @@ std::string matching_preset(const io::TensorFile& file) {
 }
 
 void check_text_encoder_layout(const io::TensorFile& file, const models::LdmNames& names) {
-  const bool open_clip = has_key_starting(file, "cond_stage_model.model.");
-  const bool expects_open_clip = names.text_encoder_layout() == models::TextEncoderLayout::kOpenClip;
-  SD_CHECK(open_clip == expects_open_clip,
-           "{}: the file holds an {} text encoder but the configs describe an {} one (hidden_act {})", file.label(),
-           open_clip ? "SD-2 (OpenCLIP)" : "SD-1 (OpenAI CLIP)", expects_open_clip ? "SD-2 (OpenCLIP)" : "SD-1 (CLIP)",
-           expects_open_clip ? "gelu" : "quick_gelu");
+  const models::TextEncoderLayout stored = text_encoder_layout_of(file), configured = names.text_encoder_layout();
+  SD_CHECK(stored == configured, "{}: the file holds an {} text encoder but the configs describe an {} one",
+           file.label(), models::describe(stored), models::describe(configured));
 }
 
 text::ClipTokenizer single_file_tokenizer(const fs::path& tokenizer_dir, const fs::path& config_from, bool sd2) {
@@ -146,9 +148,7 @@ at::Tensor assemble(const std::string& key, std::vector<std::pair<models::LdmLoc
 
 }  // namespace
 
-bool is_single_file_checkpoint(const io::TensorFile& file) {
-  return has_key_starting(file, "model.diffusion_model.");
-}
+bool is_single_file_checkpoint(const io::TensorFile& file) { return has_key_starting(file, "model.diffusion_model."); }
 
 PipelineConfigs single_file_configs(const io::TensorFile& file, const fs::path& config_from) {
   return config_from.empty() ? preset_configs(matching_preset(file)) : read_pipeline_configs(config_from);
@@ -178,8 +178,8 @@ void save_single_file(StableDiffusion& pipe, const fs::path& file, at::ScalarTyp
   const models::LdmNames names(pipe.unet->config(), pipe.vae->config(), pipe.text_encoder->config());
   std::map<std::string, std::vector<std::pair<models::LdmLocation, at::Tensor>>> pieces;
   const std::pair<Component, const torch::nn::Module*> parts[] = {{Component::kUnet, pipe.unet.get()},
-                                                                   {Component::kVae, pipe.vae.get()},
-                                                                   {Component::kTextEncoder, pipe.text_encoder.get()}};
+                                                                  {Component::kVae, pipe.vae.get()},
+                                                                  {Component::kTextEncoder, pipe.text_encoder.get()}};
   for (const auto& [component, module] : parts)
     for (const auto& [name, tensor] : models::named_weights(*module)) {
       models::LdmLocation where = names.to_ldm(component, name);

@@ -26,7 +26,8 @@ at::Tensor generated(const std::string& model_args, const fs::path& dir, const s
   const fs::path raw = dir / "raw.safetensors";
   const auto r = sd::test::run_command(env + sd::test::sdtrain_binary() + " generate " + model_args +
                                        " --prompt 'a red cube' --num_inference_steps 2 --seed 3 --threads 1"
-                                       " --output_dir '' --save_raw " + quote(raw));
+                                       " --output_dir '' --save_raw " +
+                                       quote(raw));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   return r.exit_code == 0 ? io::load_safetensors(raw).at("images") : at::Tensor();
 }
@@ -119,7 +120,10 @@ TEST_F(ModelFormats, CodeRunningPickleIsRefusedBeforeAnythingRuns) {
   const fs::path model = dir_.path() / "evil";
   fs::copy(fixtures() / "formats" / "tiny-sd1-bin", model, fs::copy_options::recursive);
   const fs::path marker = dir_.path() / "pwned";
-  const std::string pickle = "\x80\x02" "cos\nsystem\n" + sd::test::pickle_unicode("touch " + marker.string()) + "\x85R.";
+  const std::string pickle =
+      "\x80\x02"
+      "cos\nsystem\n" +
+      sd::test::pickle_unicode("touch " + marker.string()) + "\x85R.";
   sd::test::write_bytes(model / "unet" / "diffusion_pytorch_model.bin", sd::test::torch_archive(pickle, ""));
   const auto r = sdtrain("generate --model " + quote(model) + " --prompt x --output_dir " + quote(dir_.path() / "out"));
   EXPECT_TRUE(sd::test::is_one_line_error(r, "refusing to load: the pickle asks for the Python object 'os.system'"));

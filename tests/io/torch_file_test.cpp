@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <torch/serialize.h>
 
+#include <algorithm>
 #include <fstream>
 
 #include "core/error.h"

@@ -4,6 +4,7 @@
 #include <torch/serialize.h>
 
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -43,7 +44,8 @@ void write_sharded_unet(const fs::path& dir, const std::string& index_name, cons
   }
   for (size_t s = 0; s < 2; ++s)
     write_shard(dir / fmt::format("diffusion_pytorch_model-0000{}-of-00002{}", s + 1, shard_ext), shards[s]);
-  io::write_text_file(dir / index_name, nlohmann::json{{"metadata", {{"total_size", 1}}}, {"weight_map", weight_map}}.dump());
+  io::write_text_file(dir / index_name,
+                      nlohmann::json{{"metadata", {{"total_size", 1}}}, {"weight_map", weight_map}}.dump());
 }
 
 void write_pickled(const fs::path& path, const io::TensorMap& tensors) {
@@ -70,7 +72,8 @@ TEST(WeightFiles, SafetensorsIsPreferredOverBin) {
 
 TEST(WeightFiles, BinLoadsWhenThereIsNoSafetensors) {
   const UNet2DConditionModel model = load_unet(fixtures() / "formats" / "tiny-sd1-bin" / "unet");
-  expect_weights_equal(*model, io::load_safetensors(fixtures() / "tiny-sd1" / "unet" / "diffusion_pytorch_model.safetensors"));
+  expect_weights_equal(*model,
+                       io::load_safetensors(fixtures() / "tiny-sd1" / "unet" / "diffusion_pytorch_model.safetensors"));
 }
 
 TEST(WeightFiles, ShardedSafetensorsAndBinLoad) {
@@ -101,11 +104,13 @@ TEST(WeightFiles, BrokenShardIndexesAreOneLine) {
     }
     return std::string();
   };
-  EXPECT_NE(error_with_index({{"weight_map", {{"conv_in.weight", "../../etc/passwd"}}}}).find("must be a weights file name"),
-            std::string::npos);
-  EXPECT_NE(error_with_index({{"weight_map", {{"conv_in.weight", "diffusion_pytorch_model-00002-of-00002.safetensors"}}}})
-                .find("which does not hold it"),
-            std::string::npos);
+  EXPECT_NE(
+      error_with_index({{"weight_map", {{"conv_in.weight", "../../etc/passwd"}}}}).find("must be a weights file name"),
+      std::string::npos);
+  EXPECT_NE(
+      error_with_index({{"weight_map", {{"conv_in.weight", "diffusion_pytorch_model-00002-of-00002.safetensors"}}}})
+          .find("which does not hold it"),
+      std::string::npos);
   EXPECT_NE(error_with_index({{"weight_map", {{"conv_in.weight", "missing.safetensors"}}}}).find("missing.safetensors"),
             std::string::npos);
   EXPECT_NE(error_with_index({{"no_map", 1}}).find("weight_map"), std::string::npos);

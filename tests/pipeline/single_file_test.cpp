@@ -94,7 +94,8 @@ TEST(SingleFile, LightningCkptLoadsLikeTheSafetensorsFile) {
   root.insert("global_step", int64_t{470000});
   TempDir dir;
   const std::vector<char> bytes = torch::pickle_save(root);
-  std::ofstream(dir.path() / "tiny.ckpt", std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  std::ofstream(dir.path() / "tiny.ckpt", std::ios::binary)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   StableDiffusion from_ckpt = load_single_file(dir.path() / "tiny.ckpt", fixtures() / "tiny-sd1");
   StableDiffusion expected = load_pipeline(fixtures() / "tiny-sd1");
   expect_same_pipeline(from_ckpt, expected);
