@@ -27,8 +27,10 @@ void expect_weights_equal(const torch::nn::Module& module, const io::TensorMap& 
   for (const auto& [name, tensor] : expected) EXPECT_TRUE(at::equal(actual.at(name), tensor.to(at::kFloat))) << name;
 }
 
-// The tiny-sd1 UNet weights split into two shards with an index, as save_pretrained(max_shard_size=...) writes them.
-void write_sharded_unet(const fs::path& dir, const std::string& index_name, const std::string& shard_ext,
+// The tiny-sd1 UNet weights split into two shards with an index, as save_pretrained(max_shard_size=...) writes them:
+// <shard_stem>-0000k-of-00002<shard_ext>, the stem carrying the variant ("diffusion_pytorch_model.fp16").
+void write_sharded_unet(const fs::path& dir, const std::string& index_name, const std::string& shard_stem,
+                        const std::string& shard_ext,
                         const std::function<void(const fs::path&, const io::TensorMap&)>& write_shard) {
   const fs::path source = fixtures() / "tiny-sd1" / "unet";
   fs::create_directories(dir);
@@ -40,10 +42,10 @@ void write_sharded_unet(const fs::path& dir, const std::string& index_name, cons
   for (const auto& [name, tensor] : all) {
     const size_t shard = i++ % 2;
     shards[shard][name] = tensor;
-    weight_map[name] = fmt::format("diffusion_pytorch_model-0000{}-of-00002{}", shard + 1, shard_ext);
+    weight_map[name] = fmt::format("{}-0000{}-of-00002{}", shard_stem, shard + 1, shard_ext);
   }
   for (size_t s = 0; s < 2; ++s)
-    write_shard(dir / fmt::format("diffusion_pytorch_model-0000{}-of-00002{}", s + 1, shard_ext), shards[s]);
+    write_shard(dir / fmt::format("{}-0000{}-of-00002{}", shard_stem, s + 1, shard_ext), shards[s]);
   io::write_text_file(dir / index_name,
                       nlohmann::json{{"metadata", {{"total_size", 1}}}, {"weight_map", weight_map}}.dump());
 }
@@ -80,19 +82,23 @@ TEST(WeightFiles, ShardedSafetensorsAndBinLoad) {
   const io::TensorMap expected =
       io::load_safetensors(fixtures() / "tiny-sd1" / "unet" / "diffusion_pytorch_model.safetensors");
   TempDir dir;
-  write_sharded_unet(dir.path() / "st", "diffusion_pytorch_model.safetensors.index.json", ".safetensors",
+  write_sharded_unet(dir.path() / "st", "diffusion_pytorch_model.safetensors.index.json", "diffusion_pytorch_model",
+                     ".safetensors",
                      [](const fs::path& path, const io::TensorMap& t) { io::save_safetensors(path, t); });
   expect_weights_equal(*load_unet(dir.path() / "st"), expected);
-  write_sharded_unet(dir.path() / "bin", "diffusion_pytorch_model.bin.index.json", ".bin", write_pickled);
+  write_sharded_unet(dir.path() / "bin", "diffusion_pytorch_model.bin.index.json", "diffusion_pytorch_model", ".bin",
+                     write_pickled);
   expect_weights_equal(*load_unet(dir.path() / "bin"), expected);
-  write_sharded_unet(dir.path() / "fp16", "diffusion_pytorch_model.safetensors.index.fp16.json", ".safetensors",
+  write_sharded_unet(dir.path() / "fp16", "diffusion_pytorch_model.safetensors.index.fp16.json",
+                     "diffusion_pytorch_model.fp16", ".safetensors",
                      [](const fs::path& path, const io::TensorMap& t) { io::save_safetensors(path, t); });
   expect_weights_equal(*load_unet(dir.path() / "fp16", at::kFloat, "fp16"), expected);
 }
 
 TEST(WeightFiles, BrokenShardIndexesAreOneLine) {
   TempDir dir;
-  write_sharded_unet(dir.path(), "diffusion_pytorch_model.safetensors.index.json", ".safetensors",
+  write_sharded_unet(dir.path(), "diffusion_pytorch_model.safetensors.index.json", "diffusion_pytorch_model",
+                     ".safetensors",
                      [](const fs::path& path, const io::TensorMap& t) { io::save_safetensors(path, t); });
   const fs::path index = dir.path() / "diffusion_pytorch_model.safetensors.index.json";
   const auto error_with_index = [&](const nlohmann::json& content) {
@@ -108,7 +114,7 @@ TEST(WeightFiles, BrokenShardIndexesAreOneLine) {
       error_with_index({{"weight_map", {{"conv_in.weight", "../../etc/passwd"}}}}).find("must be a weights file name"),
       std::string::npos);
   EXPECT_NE(
-      error_with_index({{"weight_map", {{"conv_in.weight", "diffusion_pytorch_model-00002-of-00002.safetensors"}}}})
+      error_with_index({{"weight_map", {{"not_in_any.weight", "diffusion_pytorch_model-00001-of-00002.safetensors"}}}})
           .find("which does not hold it"),
       std::string::npos);
   EXPECT_NE(error_with_index({{"weight_map", {{"conv_in.weight", "missing.safetensors"}}}}).find("missing.safetensors"),
