@@ -6,6 +6,7 @@
 
 #include "cli/commands.h"
 #include "cli/flags.h"
+#include "cli/model_flags.h"
 #include "core/error.h"
 #include "pipeline/model_source.h"
 #include "pipeline/single_file.h"
@@ -17,11 +18,8 @@ namespace {
 namespace fs = std::filesystem;
 
 struct ConvertOptions {
-  std::string input;
+  pipeline::ModelRequest input;
   std::string output;
-  std::string config_from;
-  std::string revision;
-  std::string input_variant;
   std::string variant;
   std::string save_dtype;
 };
@@ -38,7 +36,7 @@ int run_convert(const ConvertOptions& o) {
            "{}: single files are written as .safetensors (which A1111 and ComfyUI read), not .ckpt", o.output);
   SD_CHECK(!single_file || o.variant.empty(), "--variant names the files of a pipeline folder; {} is a single file",
            o.output);
-  const pipeline::ModelSource source = pipeline::resolve_model({o.input, o.revision, o.input_variant, o.config_from});
+  const pipeline::ModelSource source = pipeline::resolve_model(o.input);
   pipeline::StableDiffusion pipe = pipeline::load_pipeline(source);
   if (single_file)
     pipeline::save_single_file(pipe, o.output, save_dtype(o));
@@ -54,19 +52,12 @@ void add_convert(CLI::App& app, std::function<int()>& chosen) {
   auto* cmd = app.add_subcommand(
       "convert", "Convert between a diffusers pipeline folder and a single-file (LDM / A1111) checkpoint");
   auto o = std::make_shared<ConvertOptions>();
-  cmd->add_option("input", o->input, "Pipeline folder, single-file checkpoint (.safetensors, .ckpt) or cached Hub name")
-      ->required();
+  add_model_flags(cmd, "input", o->input, "Input", "--input_variant")->required();
   cmd->add_option("output", o->output, "OUT.safetensors: one file in the LDM layout; otherwise a pipeline folder")
       ->required();
-  flag(cmd, "--config_from", o->config_from,
-       "Single-file input: a diffusers pipeline folder whose configs to use (default: the known architecture the "
-       "weights match)");
-  flag(cmd, "--revision", o->revision, "Hub-name input: branch, tag or commit hash in the local cache (default main)");
-  flag(cmd, "--input_variant", o->input_variant, "Pipeline input: load the weights of this variant (e.g. fp16)");
   flag(cmd, "--variant", o->variant, "Pipeline output: name the weight files *.VARIANT.* (e.g. fp16)");
   flag(cmd, "--save_dtype", o->save_dtype,
-       "dtype of the written weights (default float16 for --variant fp16, else "
-       "float32)")
+       "dtype of the written weights (default float16 for --variant fp16, else float32)")
       ->check(CLI::IsMember({"float32", "float16", "bfloat16"}));
   cmd->callback([o, &chosen] { chosen = [o] { return run_convert(*o); }; });
 }

@@ -13,6 +13,7 @@
 #include "core/threads.h"
 #include "cli/commands.h"
 #include "cli/flags.h"
+#include "cli/model_flags.h"
 #include "core/error.h"
 #include "core/progress.h"
 #include "io/atomic_file.h"
@@ -34,10 +35,7 @@ namespace {
 namespace fs = std::filesystem;
 
 struct GenerateOptions {
-  std::string model;
-  std::string revision;
-  std::string variant;
-  std::string config_from;
+  pipeline::ModelRequest model;
   std::vector<std::string> prompts;
   std::string prompt_file;
   std::vector<std::string> negative_prompts;
@@ -172,7 +170,7 @@ std::vector<fs::path> write_outputs(const GenerateOptions& o, const pipeline::Ge
 
 int run_generate(GenerateOptions o) {
   set_compute_threads(o.threads ? *o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
-  const pipeline::ModelSource source = pipeline::resolve_model({o.model, o.revision, o.variant, o.config_from});
+  const pipeline::ModelSource source = pipeline::resolve_model(o.model);
 
   // Cheap checks first, so a typo fails before the weights load.
   check_flag_combinations(o);
@@ -253,15 +251,9 @@ int run_generate(GenerateOptions o) {
 
 void add_generate(CLI::App& app, std::function<int()>& chosen) {
   auto* cmd = app.add_subcommand(
-      "generate", "Generate images from text prompts (or from an image and prompts) with a diffusers pipeline folder");
+      "generate", "Generate images from text prompts (or from an image and prompts) with a Stable Diffusion model");
   auto o = std::make_shared<GenerateOptions>();
-  flag(cmd, "--model", o->model,
-       "Pipeline folder (diffusers layout), single-file checkpoint (.safetensors, .ckpt) or cached Hub name")
-      ->required();
-  flag(cmd, "--revision", o->revision, "Hub name: branch, tag or commit hash in the local cache (default main)");
-  flag(cmd, "--variant", o->variant, "Load the weights of this variant (e.g. fp16: *.fp16.safetensors)");
-  flag(cmd, "--config_from", o->config_from,
-       "Single-file checkpoint: a diffusers pipeline folder whose configs to use (default: detected)");
+  add_model_flags(cmd, "--model", o->model)->required();
   auto* prompt = repeated_flag(cmd, "--prompt", o->prompts, "A prompt (repeatable: one batch of images per prompt)");
   flag(cmd, "--prompt_file", o->prompt_file, "A text file with one prompt per line (blank lines skipped)")
       ->excludes(prompt);

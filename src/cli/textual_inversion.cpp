@@ -2,6 +2,7 @@
 // and defaults, so `accelerate launch textual_inversion.py ARGS` becomes `sdtrain textual-inversion ARGS`.
 #include "cli/commands.h"
 #include "cli/flags.h"
+#include "cli/model_flags.h"
 #include "cli/training_flags.h"
 #include "train/tasks/textual_inversion.h"
 
@@ -12,13 +13,7 @@ void add_textual_inversion(CLI::App& app, std::function<int()>& chosen) {
   auto o = std::make_shared<train::TextualInversionOptions>();
 
   const std::string task = "Textual inversion";
-  flag(cmd, "--pretrained_model_name_or_path", o->pretrained_model_name_or_path,
-       "Pipeline folder (diffusers layout), single-file checkpoint (.safetensors, .ckpt) or cached Hub name")
-      ->required()
-      ->group(task);
-  flag(cmd, "--revision", o->revision, "Hub name: branch, tag or commit hash in the local cache (default main)")
-      ->group(task);
-  flag(cmd, "--variant", o->variant, "Load the weights of this variant (e.g. fp16: *.fp16.safetensors)")->group(task);
+  add_model_flags(cmd, "--pretrained_model_name_or_path", o->model, task)->required();
   flag(cmd, "--tokenizer_name", o->tokenizer_name, "Tokenizer folder, if not the pipeline's tokenizer/")->group(task);
   flag(cmd, "--train_data_dir", o->train_data_dir, "Folder of training images (jpg, jpeg, png, bmp)")
       ->required()

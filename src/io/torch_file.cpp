@@ -8,6 +8,8 @@ namespace {
 
 using Kind = PickleValue::Kind;
 
+constexpr int kMaxNesting = 8;
+
 const PickleValue* dict_entry(const PickleValue& dict, const std::string& key) {
   for (const auto& [k, v] : dict.entries)
     if (k->kind == Kind::kString && k->text == key) return v.get();
@@ -42,18 +44,29 @@ TorchFile::TorchFile(std::filesystem::path path) : zip_(std::move(path)) {
 
 void TorchFile::collect(const PickleValue& root) {
   SD_CHECK(root.kind == Kind::kDict, "{}: holds no state dict (the pickle is not a dict)", label());
+  // Scalars beside the tensors: a Lightning checkpoint's global_step, an A1111 embedding's name.
+  for (const auto& [k, v] : root.entries)
+    if (k->kind == Kind::kString && !scalar_text(*v).empty()) metadata_[k->text] = scalar_text(*v);
   const PickleValue* state = dict_entry(root, "state_dict");
-  if (state && state->kind == Kind::kDict) {
-    for (const auto& [k, v] : root.entries)
-      if (k->kind == Kind::kString && !scalar_text(*v).empty()) metadata_[k->text] = scalar_text(*v);
-  } else {
-    state = &root;
-  }
-  for (const auto& [k, v] : state->entries) {
-    if (k->kind != Kind::kString || v->kind != Kind::kTensor) continue;
-    if (views_.insert_or_assign(k->text, v->tensor).second) names_.push_back(k->text);
-  }
+  std::set<const PickleValue*> walked;
+  add_tensors(state && state->kind == Kind::kDict ? *state : root, "", 0, walked);
   SD_CHECK(!views_.empty(), "{}: holds no tensors (expected a state dict of name -> tensor)", label());
+}
+
+// Tensors in nested dicts are named by their keys joined with '.', as safetensors files flatten them (A1111's
+// {"string_to_param": {"*": t}} becomes "string_to_param.*"). A forged pickle can nest dicts without end or put one
+// dict in many places (even inside itself, through the memo): the depth is bounded and each dict is walked once, so
+// the walk stays linear in the pickle's size.
+void TorchFile::add_tensors(const PickleValue& dict, const std::string& prefix, int depth,
+                            std::set<const PickleValue*>& walked) {
+  SD_CHECK(depth < kMaxNesting, "{}: dicts nested more than {} deep, not a state dict", label(), kMaxNesting);
+  if (!walked.insert(&dict).second) return;
+  for (const auto& [k, v] : dict.entries) {
+    if (k->kind != Kind::kString) continue;
+    const std::string name = prefix + k->text;
+    if (v->kind == Kind::kDict) add_tensors(*v, name + ".", depth + 1, walked);
+    if (v->kind == Kind::kTensor && views_.insert_or_assign(name, v->tensor).second) names_.push_back(name);
+  }
 }
 
 const ZipArchive::Entry& TorchFile::storage_entry(const std::string& key) const {

@@ -4,6 +4,7 @@
 #pragma once
 #include <filesystem>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -15,8 +16,9 @@ namespace sd::io {
 
 class TorchFile : public TensorFile {
  public:
-  // Reads the pickle. The state dict is the top-level dict, or its "state_dict" entry (Lightning checkpoints,
-  // whose other scalar entries, such as global_step, become metadata()).
+  // Reads the pickle. The state dict is the top-level dict, or its "state_dict" entry (Lightning checkpoints);
+  // tensors in nested dicts are named "outer.inner". Scalar entries of the top-level dict (global_step, name)
+  // become metadata().
   explicit TorchFile(std::filesystem::path path);
 
   std::string label() const override { return zip_.path().string(); }
@@ -30,6 +32,7 @@ class TorchFile : public TensorFile {
   const TorchTensorView& view(const std::string& name) const;
   const ZipArchive::Entry& storage_entry(const std::string& key) const;
   void collect(const PickleValue& root);
+  void add_tensors(const PickleValue& dict, const std::string& prefix, int depth, std::set<const PickleValue*>& walked);
 
   ZipArchive zip_;
   std::string prefix_;  // torch.save puts every record under one folder ("archive/", or the file's stem)

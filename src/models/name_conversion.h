@@ -1,13 +1,13 @@
 // Every translation between diffusers/transformers parameter names and the original single-file layout (the
 // CompVis/Stability "LDM" keys that .ckpt files, A1111 and ComfyUI use), in one place, as stable-diffusion.cpp keeps
 // its name_conversion. The mapping is a table of module prefixes built from the configs (block and layer counts
-// decide the LDM numbering), plus the few renames inside a module; both directions read the same table.
+// decide the LDM numbering), plus the few renames inside a module; both directions read the same table. For example:
 //
-//   UNet          model.diffusion_model.input_blocks.4.1.proj_in.weight  <->  down_blocks.1.attentions.0.proj_in.weight
-//   VAE           first_stage_model.decoder.up.3.block.0.nin_shortcut.*  <->
-//   decoder.up_blocks.0.resnets.0.conv_shortcut.* SD-1 text     cond_stage_model.transformer.text_model.* <->
-//   text_model.* SD-2 text     cond_stage_model.model.transformer.resblocks.0.attn.in_proj_weight  <->  q_proj, k_proj,
-//   v_proj (fused)
+//   UNet: model.diffusion_model.input_blocks.4.1.proj_in.weight = down_blocks.1.attentions.0.proj_in.weight
+//   VAE: first_stage_model.decoder.up.3.block.0.nin_shortcut.* = decoder.up_blocks.0.resnets.0.conv_shortcut.*
+//   SD-1 text encoder: cond_stage_model.transformer.text_model.* = text_model.*
+//   SD-2 text encoder: cond_stage_model.model.transformer.resblocks.0.attn.in_proj_weight = the q_proj, k_proj and
+//                      v_proj weights of text_model.encoder.layers.0.self_attn, fused
 #pragma once
 #include <string>
 #include <utility>

@@ -6,8 +6,8 @@
 #include <algorithm>
 
 #include "core/error.h"
-#include "models/name_conversion.h"
 #include "models/weights.h"
+#include "pipeline/presets.h"
 
 namespace sd::pipeline {
 
@@ -34,29 +34,29 @@ models::TextEncoderLayout text_encoder_layout_of(const io::TensorFile& file) {
 // fused q/k/v tensor or reshaped from a 1x1 convolution as the name mapping says.
 class ComponentView : public io::TensorFile {
  public:
-  ComponentView(const io::TensorFile& checkpoint, const models::LdmNames& names, Component component)
-      : checkpoint_(checkpoint), component_(component) {
-    for (const auto& key : checkpoint.names())
+  ComponentView(std::shared_ptr<const io::TensorFile> checkpoint, const models::LdmNames& names, Component component)
+      : checkpoint_(std::move(checkpoint)), component_(component) {
+    for (const auto& key : checkpoint_->names())
       for (const auto& [part, name] : names.to_diffusers(key))
         if (part == component && locations_.emplace(name, names.to_ldm(part, name)).second) names_.push_back(name);
   }
 
   std::string label() const override {
-    return fmt::format("{} ({} part)", checkpoint_.label(), models::component_folder(component_));
+    return fmt::format("{} ({} part)", checkpoint_->label(), models::component_folder(component_));
   }
   const std::vector<std::string>& names() const override { return names_; }
   bool contains(const std::string& name) const override { return locations_.count(name) > 0; }
-  const std::map<std::string, std::string>& metadata() const override { return checkpoint_.metadata(); }
+  const std::map<std::string, std::string>& metadata() const override { return checkpoint_->metadata(); }
 
   io::TensorInfo info(const std::string& name) const override {
     const models::LdmLocation& where = location(name);
-    io::TensorInfo info = checkpoint_.info(where.key);
+    io::TensorInfo info = checkpoint_->info(where.key);
     SD_CHECK(!info.shape.empty() && info.shape[0] % where.chunks == 0, "{}: '{}' has shape [{}], not {} equal parts",
-             checkpoint_.label(), where.key, fmt::join(info.shape, ", "), where.chunks);
+             checkpoint_->label(), where.key, fmt::join(info.shape, ", "), where.chunks);
     info.shape[0] /= where.chunks;
     if (where.conv1x1) {
       SD_CHECK(info.shape.size() == 4 && info.shape[2] == 1 && info.shape[3] == 1,
-               "{}: '{}' has shape [{}], expected a 1x1 convolution [out, in, 1, 1]", checkpoint_.label(), where.key,
+               "{}: '{}' has shape [{}], expected a 1x1 convolution [out, in, 1, 1]", checkpoint_->label(), where.key,
                fmt::join(info.shape, ", "));
       info.shape.resize(2);
     }
@@ -66,7 +66,7 @@ class ComponentView : public io::TensorFile {
   at::Tensor read(const std::string& name) const override {
     const models::LdmLocation& where = location(name);
     const io::TensorInfo shape = info(name);
-    at::Tensor tensor = checkpoint_.read(where.key);
+    at::Tensor tensor = checkpoint_->read(where.key);
     if (where.chunks > 1) tensor = tensor.chunk(where.chunks, 0)[where.chunk].contiguous();
     return tensor.reshape(shape.shape);
   }
@@ -78,7 +78,7 @@ class ComponentView : public io::TensorFile {
     return it->second;
   }
 
-  const io::TensorFile& checkpoint_;
+  std::shared_ptr<const io::TensorFile> checkpoint_;
   Component component_;
   std::map<std::string, models::LdmLocation> locations_;
   std::vector<std::string> names_;
@@ -110,10 +110,21 @@ std::string matching_preset(const io::TensorFile& file) {
   return step != file.metadata().end() && step->second == "875000" ? "sd2-base" : "sd2-768-v";
 }
 
-void check_text_encoder_layout(const io::TensorFile& file, const models::LdmNames& names) {
-  const models::TextEncoderLayout stored = text_encoder_layout_of(file), configured = names.text_encoder_layout();
+std::shared_ptr<const io::TensorFile> open_checkpoint(const fs::path& file) {
+  std::shared_ptr<const io::TensorFile> checkpoint = io::open_tensor_file(file);
+  SD_CHECK(has_key_starting(*checkpoint, "model.diffusion_model."),
+           "{}: not a single-file Stable Diffusion checkpoint (no model.diffusion_model.* tensors)", file.string());
+  return checkpoint;
+}
+
+PipelineConfigs configs_for(const io::TensorFile& checkpoint, const fs::path& config_from) {
+  const PipelineConfigs configs =
+      config_from.empty() ? preset_configs(matching_preset(checkpoint)) : read_pipeline_configs(config_from);
+  const models::TextEncoderLayout stored = text_encoder_layout_of(checkpoint);
+  const models::TextEncoderLayout configured = models::text_encoder_layout(configs.text_encoder);
   SD_CHECK(stored == configured, "{}: the file holds an {} text encoder but the configs describe an {} one",
-           file.label(), models::describe(stored), models::describe(configured));
+           checkpoint.label(), models::describe(stored), models::describe(configured));
+  return configs;
 }
 
 text::ClipTokenizer single_file_tokenizer(const fs::path& tokenizer_dir, const fs::path& config_from, bool sd2) {
@@ -148,30 +159,38 @@ at::Tensor assemble(const std::string& key, std::vector<std::pair<models::LdmLoc
 
 }  // namespace
 
-bool is_single_file_checkpoint(const io::TensorFile& file) { return has_key_starting(file, "model.diffusion_model."); }
+SingleFileCheckpoint::SingleFileCheckpoint(const fs::path& file, const fs::path& config_from)
+    : file_(file),
+      config_from_(config_from),
+      checkpoint_(open_checkpoint(file)),
+      configs_(configs_for(*checkpoint_, config_from)),
+      names_(configs_.unet, configs_.vae, configs_.text_encoder) {}
 
-PipelineConfigs single_file_configs(const io::TensorFile& file, const fs::path& config_from) {
-  return config_from.empty() ? preset_configs(matching_preset(file)) : read_pipeline_configs(config_from);
+std::unique_ptr<io::TensorFile> SingleFileCheckpoint::component(Component component) const {
+  return std::make_unique<ComponentView>(checkpoint_, names_, component);
+}
+
+StableDiffusion SingleFileCheckpoint::load(const ComponentDtypes& dtypes, const fs::path& tokenizer_dir) const {
+  StableDiffusion pipe{model_index_json(configs_.scheduler.class_name),
+                       single_file_tokenizer(tokenizer_dir, config_from_, configs_.sd2_tokenizer),
+                       nullptr,
+                       nullptr,
+                       nullptr,
+                       configs_.scheduler};
+  if (dtypes.text_encoder != at::ScalarType::Undefined)
+    pipe.text_encoder =
+        models::load_text_encoder(configs_.text_encoder, *component(Component::kTextEncoder), dtypes.text_encoder);
+  if (dtypes.vae != at::ScalarType::Undefined)
+    pipe.vae = models::load_vae(configs_.vae, *component(Component::kVae), dtypes.vae);
+  if (dtypes.unet != at::ScalarType::Undefined)
+    pipe.unet = models::load_unet(configs_.unet, *component(Component::kUnet), dtypes.unet);
+  check_components_fit(pipe, file_.string());
+  return pipe;
 }
 
 StableDiffusion load_single_file(const fs::path& file, const fs::path& config_from, const ComponentDtypes& dtypes,
                                  const fs::path& tokenizer_dir) {
-  const std::unique_ptr<io::TensorFile> checkpoint = io::open_tensor_file(file);
-  SD_CHECK(is_single_file_checkpoint(*checkpoint),
-           "{}: not a single-file Stable Diffusion checkpoint (no model.diffusion_model.* tensors)", file.string());
-  const PipelineConfigs configs = single_file_configs(*checkpoint, config_from);
-  const models::LdmNames names(configs.unet, configs.vae, configs.text_encoder);
-  check_text_encoder_layout(*checkpoint, names);
-  StableDiffusion pipe{
-      model_index_json(configs.scheduler.class_name),
-      single_file_tokenizer(tokenizer_dir, config_from, configs.sd2_tokenizer),
-      models::load_text_encoder(configs.text_encoder, ComponentView(*checkpoint, names, Component::kTextEncoder),
-                                dtypes.text_encoder),
-      models::load_vae(configs.vae, ComponentView(*checkpoint, names, Component::kVae), dtypes.vae),
-      models::load_unet(configs.unet, ComponentView(*checkpoint, names, Component::kUnet), dtypes.unet),
-      configs.scheduler};
-  check_components_fit(pipe, file.string());
-  return pipe;
+  return SingleFileCheckpoint(file, config_from).load(dtypes, tokenizer_dir);
 }
 
 void save_single_file(StableDiffusion& pipe, const fs::path& file, at::ScalarType dtype) {

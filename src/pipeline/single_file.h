@@ -6,20 +6,35 @@
 #include <ATen/ATen.h>
 
 #include <filesystem>
+#include <memory>
 
 #include "io/tensor_file.h"
-#include "pipeline/presets.h"
+#include "models/name_conversion.h"
 #include "pipeline/stable_diffusion.h"
 
 namespace sd::pipeline {
 
-// True when the file looks like a single-file checkpoint (its keys use the LDM prefixes).
-bool is_single_file_checkpoint(const io::TensorFile& file);
+// An opened single-file checkpoint and the configs that describe it (only headers are read).
+class SingleFileCheckpoint {
+ public:
+  // Throws one sd::Error line naming the file unless it is a single-file Stable Diffusion checkpoint whose
+  // architecture the configs (of `config_from`, or the detected preset) describe.
+  SingleFileCheckpoint(const std::filesystem::path& file, const std::filesystem::path& config_from);
 
-// The configs for a single file: those of the pipeline folder `config_from`, or the matching preset's.
-PipelineConfigs single_file_configs(const io::TensorFile& file, const std::filesystem::path& config_from);
+  const PipelineConfigs& configs() const { return configs_; }
+  // One component's tensors under their diffusers names, read on demand; usable after this object is gone.
+  std::unique_ptr<io::TensorFile> component(models::Component component) const;
+  // The pipeline, without the model components whose dtype is Undefined. `tokenizer_dir` overrides the tokenizer.
+  StableDiffusion load(const ComponentDtypes& dtypes = {}, const std::filesystem::path& tokenizer_dir = {}) const;
 
-// `file` (.safetensors, .ckpt/.pt/.bin zip-pickles) as a pipeline. `tokenizer_dir` overrides the tokenizer.
+ private:
+  std::filesystem::path file_, config_from_;
+  std::shared_ptr<const io::TensorFile> checkpoint_;
+  PipelineConfigs configs_;
+  models::LdmNames names_;
+};
+
+// SingleFileCheckpoint(file, config_from).load(dtypes, tokenizer_dir).
 StableDiffusion load_single_file(const std::filesystem::path& file, const std::filesystem::path& config_from,
                                  const ComponentDtypes& dtypes = {}, const std::filesystem::path& tokenizer_dir = {});
 

@@ -3,7 +3,6 @@
 #include "core/error.h"
 #include "io/atomic_file.h"
 #include "io/json_config.h"
-#include "io/safetensors.h"
 #include "models/weights.h"
 
 namespace sd::pipeline {
@@ -54,14 +53,16 @@ StableDiffusion load_pipeline(const fs::path& dir, const ComponentDtypes& dtypes
                        nullptr,
                        nullptr,
                        schedulers::SchedulerConfig::load(dir / "scheduler" / "scheduler_config.json")};
-  pipe.text_encoder = models::load_text_encoder(dir / "text_encoder", dtypes.text_encoder, variant);
-  pipe.vae = models::load_vae(dir / "vae", dtypes.vae, variant);
-  pipe.unet = models::load_unet(dir / "unet", dtypes.unet, variant);
+  if (dtypes.text_encoder != at::ScalarType::Undefined)
+    pipe.text_encoder = models::load_text_encoder(dir / "text_encoder", dtypes.text_encoder, variant);
+  if (dtypes.vae != at::ScalarType::Undefined) pipe.vae = models::load_vae(dir / "vae", dtypes.vae, variant);
+  if (dtypes.unet != at::ScalarType::Undefined) pipe.unet = models::load_unet(dir / "unet", dtypes.unet, variant);
   check_components_fit(pipe, dir.string());
   return pipe;
 }
 
 void check_components_fit(const StableDiffusion& pipe, const std::string& source) {
+  if (!pipe.text_encoder || !pipe.unet) return;
   const int64_t width = pipe.text_encoder->config().hidden_size;
   for (int64_t dim : pipe.unet->config().cross_attention_dim.values)
     SD_CHECK(dim == width, "{}: the UNet's cross_attention_dim ({}) differs from the text encoder's hidden_size ({})",
@@ -80,52 +81,6 @@ nlohmann::json model_index_json(const std::string& scheduler_class) {
           {"tokenizer", {"transformers", "CLIPTokenizer"}},
           {"unet", {"diffusers", "UNet2DConditionModel"}},
           {"vae", {"diffusers", "AutoencoderKL"}}};
-}
-
-std::vector<ComponentSummary> summarize_components(const fs::path& dir) {
-  check_pipeline_layout(dir);
-  const auto index = io::JsonConfig::load(dir / "model_index.json");
-  const std::vector<std::tuple<const char*, const char*, bool>> parts = {
-      {"unet", "diffusion_pytorch_model.safetensors", true},
-      {"vae", "diffusion_pytorch_model.safetensors", false},
-      {"text_encoder", "model.safetensors", false}};
-  std::vector<ComponentSummary> out;
-  for (const auto& [name, file, trainable] : parts) {
-    const io::SafeTensorsFile weights(dir / name / file);
-    ComponentSummary c{name, index.raw().contains(name) ? index.raw()[name][1].get<std::string>() : "?"};
-    for (const auto& tensor : weights.names()) {
-      const auto& entry = weights.entry(tensor);
-      if (!at::isFloatingType(entry.dtype)) continue;
-      int64_t n = 1;
-      for (int64_t d : entry.shape) n *= d;
-      c.parameters += n;
-      c.dtypes.insert(entry.dtype == at::kHalf       ? "float16"
-                      : entry.dtype == at::kBFloat16 ? "bfloat16"
-                      : entry.dtype == at::kDouble   ? "float64"
-                                                     : "float32");
-    }
-    c.bytes = fs::file_size(dir / name / file);
-    c.trainable = trainable;
-    out.push_back(std::move(c));
-  }
-  return out;
-}
-
-std::string parameter_line(const std::vector<ComponentSummary>& components) {
-  int64_t total = 0, trainable = 0;
-  for (const auto& c : components) {
-    total += c.parameters;
-    if (c.trainable) trainable += c.parameters;
-  }
-  return fmt::format("Model has {:.6f} M parameters and {:.6f} M trainable", static_cast<double>(total) / 1e6,
-                     static_cast<double>(trainable) / 1e6);
-}
-
-void copy_components(const fs::path& from, const fs::path& to, const std::vector<std::string>& parts) {
-  for (const auto& part : parts)
-    io::write_directory_atomically(to / part, [&](const fs::path& tmp) {
-      fs::copy(from / part, tmp, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
-    });
 }
 
 void write_model_index(const fs::path& dir, const std::string& scheduler_class) {

@@ -1,6 +1,7 @@
 // The torch.save reader: PyTorch's own files (the tiny-sd1 .bin fixtures) read bit for bit, LibTorch's writer's
-// views and dtypes honoured, and hand-forged archives (code-running pickles, unknown globals, broken zips, views
-// outside their storage) refused with one line naming the file and the offending part, before any tensor is read.
+// views and dtypes honoured, ZIP64 archives read, and hand-forged archives (code-running pickles, unknown globals,
+// broken zips and ZIP64 records, views outside their storage) refused with one line naming the file and the offending
+// part, before any tensor is read.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/serialize.h>
@@ -219,6 +220,47 @@ TEST(TorchFile, RefusesTruncatedAndCorruptArchives) {
   const std::string pickle = sd::test::one_tensor_pickle("w", 4, 0, {4}, {1});
   sd::test::write_bytes(truncated_pickle, sd::test::torch_archive(pickle.substr(0, 40), std::string(16, '\0')));
   EXPECT_NE(error_of(truncated_pickle).find("truncated"), std::string::npos) << error_of(truncated_pickle);
+}
+
+TEST(TorchFile, DictsThatContainThemselvesAreWalkedOnce) {
+  // {"a0": d, "a1": d, ...} where d is the dict itself (through the memo): walked naively 8 levels deep, 1000 entries
+  // would mean 1000^8 visits. Walked once, the reader finds the tensor beside them and stops.
+  TempDir dir;
+  std::string pickle = sd::test::one_tensor_pickle("w", 4, 0, {4}, {1});
+  const std::string opening = "\x80\x02}";
+  pickle.insert(opening.size(), "q\x00"s);  // BINPUT 0: the dict is memo entry 0
+  std::string self_entries = "(";
+  for (int i = 0; i < 1000; ++i) self_entries += sd::test::pickle_unicode("a" + std::to_string(i)) + "h\x00"s;
+  pickle.insert(pickle.size() - 1, self_entries + "u");  // a second SETITEMS before STOP
+  sd::test::write_bytes(dir.path() / "self.bin", sd::test::torch_archive(pickle, std::string(16, '\0')));
+  EXPECT_EQ(error_of(dir.path() / "self.bin"), "");
+  EXPECT_EQ(TorchFile(dir.path() / "self.bin").names(), std::vector<std::string>{"w"});
+}
+
+TEST(TorchFile, ReadsZip64ArchivesAndRefusesForgedZip64Records) {
+  // What torch.save writes past 4 GiB, forged small: every size and offset in ZIP64 records.
+  TempDir dir;
+  const at::Tensor expected = at::arange(4, at::kFloat);
+  const std::string storage(static_cast<const char*>(expected.data_ptr()), 16);
+  const std::string pickle = sd::test::one_tensor_pickle("w", 4, 0, {4}, {1});
+  const std::string zip64 = sd::test::torch_archive(pickle, storage, /*zip64=*/true);
+  sd::test::write_bytes(dir.path() / "zip64.bin", zip64);
+  EXPECT_EQ(error_of(dir.path() / "zip64.bin"), "");
+  EXPECT_TRUE(at::equal(TorchFile(dir.path() / "zip64.bin").read("w"), expected));
+
+  // The locator (the 20 bytes before the 22-byte end record) sends the reader past the end of the file.
+  std::string far = zip64;
+  far[far.size() - 22 - 20 + 15] = '\x7f';  // the high byte of the ZIP64 end record's offset
+  sd::test::write_bytes(dir.path() / "far.bin", far);
+  EXPECT_NE(error_of(dir.path() / "far.bin").find("ZIP64 end record at byte"), std::string::npos)
+      << error_of(dir.path() / "far.bin");
+
+  // An end record that defers to ZIP64 (0xFFFF entries) in an archive that has no ZIP64 records.
+  std::string no_locator = sd::test::torch_archive(pickle, storage);
+  no_locator[no_locator.size() - 12] = no_locator[no_locator.size() - 11] = '\xff';
+  sd::test::write_bytes(dir.path() / "no_locator.bin", no_locator);
+  EXPECT_NE(error_of(dir.path() / "no_locator.bin").find("ZIP64 locator missing"), std::string::npos)
+      << error_of(dir.path() / "no_locator.bin");
 }
 
 TEST(TorchFile, LegacyFormatAndNonZipFilesGetOneLine) {

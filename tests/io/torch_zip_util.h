@@ -16,44 +16,78 @@ inline void put_le(std::string& out, uint64_t value, int bytes) {
   for (int i = 0; i < bytes; ++i) out += static_cast<char>((value >> (8 * i)) & 0xFF);
 }
 
-// A zip archive of stored (uncompressed) entries with correct CRC-32s and central directory.
-inline std::string zip_of(const std::vector<std::pair<std::string, std::string>>& entries) {
+constexpr uint64_t kZip64Marker = 0xFFFFFFFF;  // a 32-bit field whose value is in the ZIP64 extra field
+
+// A ZIP64 extra field (id 1) holding `values` as 64-bit numbers.
+inline std::string zip64_extra(const std::vector<uint64_t>& values) {
+  std::string out;
+  put_le(out, 1, 2);
+  put_le(out, 8 * values.size(), 2);
+  for (uint64_t v : values) put_le(out, v, 8);
+  return out;
+}
+
+// A zip archive of stored (uncompressed) entries with correct CRC-32s and central directory. With `zip64`, sizes and
+// offsets are written as torch.save writes them past 4 GiB: 0xFFFFFFFF in the 32-bit fields, the values in ZIP64
+// extra fields, and a ZIP64 end record and locator before the end record.
+inline std::string zip_of(const std::vector<std::pair<std::string, std::string>>& entries, bool zip64 = false) {
   std::string out, directory;
   for (const auto& [name, data] : entries) {
     const uint32_t crc =
         crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(data.data()), static_cast<uInt>(data.size()));
     const uint64_t offset = out.size();
-    std::string fields;    // shared by the local and central headers: flags .. extra length
+    const uint64_t size = zip64 ? kZip64Marker : data.size();
+    const std::string local_extra = zip64 ? zip64_extra({data.size(), data.size()}) : "";
+    const std::string central_extra = zip64 ? zip64_extra({data.size(), data.size(), offset}) : "";
+    std::string fields;    // shared by the local and central headers: flags .. name length
     put_le(fields, 0, 2);  // flags
     put_le(fields, 0, 2);  // method: stored
     put_le(fields, 0, 4);  // time, date
     put_le(fields, crc, 4);
-    put_le(fields, data.size(), 4);
-    put_le(fields, data.size(), 4);
+    put_le(fields, size, 4);
+    put_le(fields, size, 4);
     put_le(fields, name.size(), 2);
-    put_le(fields, 0, 2);  // extra length
     put_le(out, 0x04034b50, 4);
     put_le(out, 20, 2);  // version needed
-    out += fields + name + data;
+    out += fields;
+    put_le(out, local_extra.size(), 2);
+    out += name + local_extra + data;
     put_le(directory, 0x02014b50, 4);
     put_le(directory, 20, 2);  // version made by
     put_le(directory, 20, 2);  // version needed
     directory += fields;
+    put_le(directory, central_extra.size(), 2);
     put_le(directory, 0, 2);  // comment length
     put_le(directory, 0, 2);  // disk
     put_le(directory, 0, 2);  // internal attributes
     put_le(directory, 0, 4);  // external attributes
-    put_le(directory, offset, 4);
-    directory += name;
+    put_le(directory, zip64 ? kZip64Marker : offset, 4);
+    directory += name + central_extra;
   }
   const uint64_t directory_offset = out.size();
   out += directory;
+  if (zip64) {
+    const uint64_t record_offset = out.size();
+    put_le(out, 0x06064b50, 4);
+    put_le(out, 44, 8);  // size of the rest of the record
+    put_le(out, 45, 2);  // version made by
+    put_le(out, 45, 2);  // version needed
+    put_le(out, 0, 8);   // disks
+    put_le(out, entries.size(), 8);
+    put_le(out, entries.size(), 8);
+    put_le(out, directory.size(), 8);
+    put_le(out, directory_offset, 8);
+    put_le(out, 0x07064b50, 4);  // the locator
+    put_le(out, 0, 4);
+    put_le(out, record_offset, 8);
+    put_le(out, 1, 4);  // total disks
+  }
   put_le(out, 0x06054b50, 4);
   put_le(out, 0, 4);  // disks
-  put_le(out, entries.size(), 2);
-  put_le(out, entries.size(), 2);
-  put_le(out, directory.size(), 4);
-  put_le(out, directory_offset, 4);
+  put_le(out, zip64 ? 0xFFFF : entries.size(), 2);
+  put_le(out, zip64 ? 0xFFFF : entries.size(), 2);
+  put_le(out, zip64 ? kZip64Marker : directory.size(), 4);
+  put_le(out, zip64 ? kZip64Marker : directory_offset, 4);
   put_le(out, 0, 2);  // comment length
   return out;
 }
@@ -92,8 +126,8 @@ inline std::string one_tensor_pickle(const std::string& name, int64_t numel, int
 }
 
 // A torch.save archive: archive/data.pkl, archive/data/0 holding `storage`, archive/version.
-inline std::string torch_archive(const std::string& pickle, const std::string& storage) {
-  return zip_of({{"archive/data.pkl", pickle}, {"archive/data/0", storage}, {"archive/version", "3\n"}});
+inline std::string torch_archive(const std::string& pickle, const std::string& storage, bool zip64 = false) {
+  return zip_of({{"archive/data.pkl", pickle}, {"archive/data/0", storage}, {"archive/version", "3\n"}}, zip64);
 }
 
 }  // namespace sd::test

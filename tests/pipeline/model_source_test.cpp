@@ -8,8 +8,8 @@
 #include <cstdlib>
 
 #include "core/error.h"
-#include "io/atomic_file.h"
 #include "io/hub_cache.h"
+#include "io/hub_cache_util.h"
 #include "test_util.h"
 
 namespace sd::pipeline {
@@ -36,25 +36,6 @@ class ScopedEnv {
   std::string old_;
 };
 
-// <cache>/models--<org>--<name>: every file of `pipeline` stored once in blobs/ and linked from the snapshot.
-void add_to_cache(const fs::path& cache, const std::string& repo_id, const fs::path& pipeline,
-                  const std::string& commit, const std::string& branch) {
-  std::string folder = "models--" + repo_id;
-  folder.replace(folder.find('/'), 1, "--");
-  const fs::path repo = cache / folder, snapshot = repo / "snapshots" / commit;
-  int blob = 0;
-  for (const auto& entry : fs::recursive_directory_iterator(pipeline)) {
-    if (!entry.is_regular_file()) continue;
-    const fs::path relative = fs::relative(entry.path(), pipeline);
-    const fs::path blob_path = repo / "blobs" / fmt::format("{}{:038d}", commit.substr(0, 2), blob++);
-    fs::create_directories(blob_path.parent_path());
-    fs::copy_file(entry.path(), blob_path);
-    fs::create_directories((snapshot / relative).parent_path());
-    fs::create_symlink(fs::relative(blob_path, (snapshot / relative).parent_path()), snapshot / relative);
-  }
-  io::write_text_file(repo / "refs" / branch, commit);
-}
-
 std::string error_of(const ModelRequest& request) {
   try {
     resolve_model(request);
@@ -80,8 +61,9 @@ TEST(ModelSource, LocalFoldersAndFiles) {
 
 TEST(ModelSource, HubNamesResolveFromTheCache) {
   TempDir cache;
-  add_to_cache(cache.path(), "sdtrain-test/tiny-sd1", fixtures() / "tiny-sd1", kCommit, "main");
-  add_to_cache(cache.path(), "sdtrain-test/tiny-sd1", fixtures() / "formats" / "tiny-sd1-bin", kOtherCommit, "bin");
+  sd::test::add_to_hub_cache(cache.path(), "sdtrain-test/tiny-sd1", fixtures() / "tiny-sd1", kCommit, "main");
+  sd::test::add_to_hub_cache(cache.path(), "sdtrain-test/tiny-sd1", fixtures() / "formats" / "tiny-sd1-bin",
+                             kOtherCommit, "bin");
   ScopedEnv env("HF_HUB_CACHE", cache.path().string());
   const fs::path repo = cache.path() / "models--sdtrain-test--tiny-sd1";
 

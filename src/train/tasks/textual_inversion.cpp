@@ -86,7 +86,7 @@ class TextualInversionTask : public Task {
   TextualInversionOptions o_;
   RunContext& context_;
   fs::path output_dir_;
-  pipeline::ModelSource source_;
+  pipeline::ModelSource model_;
   std::unique_ptr<pipeline::StableDiffusion> pipe_;
   int64_t first_placeholder_ = 0;
   std::unique_ptr<data::TextualInversionDataset> dataset_;
@@ -101,9 +101,9 @@ TextualInversionTask::TextualInversionTask(const TextualInversionOptions& o, Run
   // The text encoder, whose rows are trained, stays float32; the frozen UNet and VAE take the policy's dtype.
   const at::ScalarType frozen = context_.precision.frozen;
   context_.precision.compute = at::kFloat;
-  source_ = pipeline::resolve_model({o.pretrained_model_name_or_path, o.revision, o.variant});
+  model_ = pipeline::resolve_model(o.model);
   pipe_ = std::make_unique<pipeline::StableDiffusion>(
-      pipeline::load_pipeline(source_, {at::kFloat, frozen, frozen}, o.tokenizer_name));
+      pipeline::load_pipeline(model_, {at::kFloat, frozen, frozen}, o.tokenizer_name));
   const int64_t factor = pipe_->vae_scale_factor();
   SD_CHECK(o.resolution % factor == 0, "--resolution {} must be divisible by {} (the VAE's downscale factor)",
            o.resolution, factor);
@@ -218,10 +218,7 @@ void TextualInversionTask::save_full_pipeline() {
   // The UNet, VAE and scheduler are unchanged: they come from the source in full precision (a pipeline folder's
   // files copied as they are), and only the tokenizer and the text encoder, which gained the learned token rows, are
   // written anew.
-  for (const char* part : {"unet", "vae", "scheduler"}) {
-    io::write_directory_atomically(output_dir_ / part,
-                                   [&](const fs::path& tmp) { pipeline::write_component(source_, part, tmp); });
-  }
+  pipeline::copy_components(model_, output_dir_, {"unet", "vae", "scheduler"});
   io::write_directory_atomically(output_dir_ / "tokenizer", [&](const fs::path& tmp) { pipe_->tokenizer.save(tmp); });
   io::write_directory_atomically(output_dir_ / "text_encoder",
                                  [&](const fs::path& tmp) { models::save_text_encoder(pipe_->text_encoder, tmp); });

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "pipeline/model_source.h"
 #include "train/trainer.h"
 
 namespace sd::train {
@@ -14,7 +15,7 @@ namespace sd::train {
 // options. Field names are the flag names.
 struct UNetTrainingOptions {
   TrainerOptions training;
-  std::string pretrained_model_name_or_path;
+  pipeline::ModelRequest model;  // --pretrained_model_name_or_path, --revision, --variant, --config_from
   std::string train_data_dir;
   std::string image_column = "image";
   std::string caption_column = "text";
