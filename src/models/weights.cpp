@@ -98,8 +98,9 @@ std::vector<std::string> weight_files_in(const std::filesystem::path& dir) {
   std::vector<std::string> found;
   std::error_code ec;
   for (const auto& file : std::filesystem::directory_iterator(dir, ec)) {
-    const std::string ext = file.path().extension().string();
-    if (ext == ".safetensors" || ext == ".bin" || ext == ".json") found.push_back(file.path().filename().string());
+    const std::string name = file.path().filename().string(), ext = file.path().extension().string();
+    const bool shard_index = ext == ".json" && name.find(".index.") != std::string::npos;  // not config.json
+    if (ext == ".safetensors" || ext == ".bin" || shard_index) found.push_back(name);
   }
   std::sort(found.begin(), found.end());
   return found;

@@ -100,6 +100,14 @@ TEST_F(ModelFormats, ConvertToTheSingleFileAndBack) {
                            "text_encoder/model.safetensors"})
     expect_same_tensors(back / file, fixtures() / "tiny-sd1" / file);
   EXPECT_TRUE(at::equal(generated("--model " + quote(back), dir_.path()), reference()));
+
+  // The round trip from the single file, its configs detected this time: back to that file's own tensors.
+  const fs::path detected = dir_.path() / "detected", again = dir_.path() / "again.safetensors";
+  r = sdtrain("convert " + quote(fixtures() / "formats" / "tiny-sd1-ldm.safetensors") + " " + quote(detected));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = sdtrain("convert " + quote(detected) + " " + quote(again));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_same_tensors(again, fixtures() / "formats" / "tiny-sd1-ldm.safetensors");
 }
 
 TEST_F(ModelFormats, Fp16VariantIsWrittenAndLoads) {
