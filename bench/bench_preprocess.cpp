@@ -37,7 +37,7 @@ int main(int argc, char** argv) {
     const fs::path model = work / c.preset;
     if (!sd::bench::ensure_preset(sd::bench::sdtrain_beside_me(), model, c.preset)) return 1;
     sd::train::PreprocessOptions o;
-    o.pretrained_model_name_or_path = model.string();
+    o.model.name_or_path = model.string();
     o.inputs.train_data_dir = (work / "jpg").string();
     o.resolution = {std::stoi(c.resolution)};
     o.batch_size = batch_size;

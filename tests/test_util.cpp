@@ -86,9 +86,13 @@ std::string error_of(const std::function<void()>& f) {
 ::testing::AssertionResult is_one_line_error(const CommandResult& result, const std::string& fragment) {
   auto failure = [&](const std::string& why) { return ::testing::AssertionFailure() << why << ":\n" << result.output; };
   if (result.exit_code == 0) return failure("exit code 0");
-  if (std::count(result.output.begin(), result.output.end(), '\n') != 1) return failure("not exactly one line");
-  if (result.output.rfind("sdtrain: error: ", 0) != 0) return failure("no 'sdtrain: error: ' prefix");
-  if (result.output.find(fragment) == std::string::npos) return failure("no '" + fragment + "'");
+  // Notes about the machine (e.g. bf16 computed in float32 on a CPU without AVX-512) may come first.
+  std::string output = result.output;
+  while (output.rfind("sdtrain: note: ", 0) == 0 && output.find('\n') != std::string::npos)
+    output.erase(0, output.find('\n') + 1);
+  if (std::count(output.begin(), output.end(), '\n') != 1) return failure("not exactly one line");
+  if (output.rfind("sdtrain: error: ", 0) != 0) return failure("no 'sdtrain: error: ' prefix");
+  if (output.find(fragment) == std::string::npos) return failure("no '" + fragment + "'");
   return ::testing::AssertionSuccess();
 }
 

@@ -15,17 +15,17 @@
 
 #include "cli/commands.h"
 #include "cli/flags.h"
+#include "cli/model_flags.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/threads.h"
 #include "dist/rendezvous.h"
 #include "io/image.h"
-#include "io/json_config.h"
 #include "models/unet/unet_2d_condition.h"
 #include "perf/machine.h"
 #include "perf/op_profiler.h"
 #include "pipeline/presets.h"
-#include "pipeline/stable_diffusion.h"
+#include "pipeline/model_source.h"
 #include "pipeline/txt2img.h"
 #include "schedulers/factory.h"
 #include "train/precision.h"
@@ -41,7 +41,7 @@ using nlohmann::json;
 
 struct BenchmarkOptions {
   std::string task = "unet";
-  std::string model;
+  pipeline::ModelRequest model;
   std::string preset = "sd15";
   int resolution = 256;
   int64_t train_batch_size = 1;
@@ -132,11 +132,11 @@ train::TrainerOptions trainer_options(const BenchmarkOptions& o, StepMeter& mete
   return t;
 }
 
-void measure_unet_training(const BenchmarkOptions& o, const fs::path& model, Measurement& m) {
+void measure_unet_training(const BenchmarkOptions& o, const pipeline::ModelRequest& model, Measurement& m) {
   StepMeter meter(o, m);
   train::LoraTrainingOptions u;  // the UNet options, plus LoRA's for --lora_rank
   u.training = trainer_options(o, meter);
-  u.pretrained_model_name_or_path = model.string();
+  u.model = model;
   u.data.synthetic_data = o.data;
   u.data.synthetic_samples = 1 << 20;
   u.data.transform.resolution = o.resolution;
@@ -144,15 +144,10 @@ void measure_unet_training(const BenchmarkOptions& o, const fs::path& model, Mea
   if (o.lora_rank) u.lora_rank = *o.lora_rank;
   SD_CHECK((o.lora_rank ? train::run_lora_training(u) : train::run_unet_training(u)) == 0,
            "the benchmark's training run failed");
-  const models::UNetConfig config = models::UNetConfig::load((model / "unet" / "config.json").string());
-  const int64_t latent = o.resolution / 8;
-  // Forward, then backward for activations and (full training) for weights: 3x the forward, for each micro-batch.
-  // A LoRA step skips the frozen weights' gradients (2x); the adapters' own work is well under 1% of it.
-  m.flops_per_step = (o.lora_rank ? 2 : 3) * o.gradient_accumulation_steps *
-                     models::count_forward_flops(config, o.train_batch_size, latent, latent);
 }
 
-void measure_textual_inversion(const BenchmarkOptions& o, const fs::path& model, const fs::path& work, Measurement& m) {
+void measure_textual_inversion(const BenchmarkOptions& o, const pipeline::ModelRequest& model, const fs::path& work,
+                               Measurement& m) {
   for (int i = 0; i < 4; ++i) {
     io::RgbImage image{o.resolution, o.resolution,
                        std::vector<uint8_t>(static_cast<size_t>(o.resolution) * o.resolution * 3)};
@@ -162,21 +157,16 @@ void measure_textual_inversion(const BenchmarkOptions& o, const fs::path& model,
   StepMeter meter(o, m);
   train::TextualInversionOptions t;
   t.training = trainer_options(o, meter);
-  t.pretrained_model_name_or_path = model.string();
+  t.model = model;
   t.train_data_dir = (work / "images").string();
   t.placeholder_token = "<benchmark>";
   t.initializer_token = "toy";
   t.resolution = o.resolution;
   t.gradient_checkpointing = o.gradient_checkpointing;
   SD_CHECK(train::run_textual_inversion(t) == 0, "the benchmark's training run failed");
-  const models::UNetConfig config = models::UNetConfig::load((model / "unet" / "config.json").string());
-  const int64_t latent = o.resolution / 8;
-  // The frozen UNet: forward, then backward for activations only.
-  m.flops_per_step =
-      2 * o.gradient_accumulation_steps * models::count_forward_flops(config, o.train_batch_size, latent, latent);
 }
 
-void measure_generation(const BenchmarkOptions& o, const fs::path& model, Measurement& m) {
+void measure_generation(const BenchmarkOptions& o, const pipeline::ModelSource& model, Measurement& m) {
   set_compute_threads(o.threads.value_or(static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))));
   const train::PrecisionPolicy precision = train::PrecisionPolicy::from_flag(o.mixed_precision);
   pipeline::StableDiffusion pipe = pipeline::load_pipeline(model, {at::kFloat, precision.frozen, precision.frozen});
@@ -200,8 +190,18 @@ void measure_generation(const BenchmarkOptions& o, const fs::path& model, Measur
   };
   meter.before(o.warmup);
   pipeline::txt2img(pipe, *scheduler, options, hooks);
+}
+
+int64_t micro_batches(const BenchmarkOptions& o) { return o.task == "generate" ? 1 : o.gradient_accumulation_steps; }
+
+// FLOPs of one measured step in UNet forward passes of a batch: full training runs the forward, then backward for
+// activations and for weights (3x); a LoRA step skips the frozen weights' gradients (2x; the adapters' own work is
+// well under 1% of it), as does textual inversion's frozen UNet (2x); a guided denoising step runs the forward on the
+// unconditional and conditional halves of the batch (2x). A training step runs that for each micro-batch.
+int64_t flops_per_step(const BenchmarkOptions& o, const models::UNetConfig& unet) {
+  const int64_t passes = micro_batches(o) * (o.task == "unet" && !o.lora_rank ? 3 : 2);
   const int64_t latent = o.resolution / 8;
-  m.flops_per_step = 2 * models::count_forward_flops(pipe.unet->config(), o.train_batch_size, latent, latent);
+  return passes * models::count_forward_flops(unet, o.train_batch_size, latent, latent);
 }
 
 const char* dtype_name(at::ScalarType t) { return t == at::kBFloat16 ? "bf16" : "float32"; }
@@ -214,8 +214,11 @@ double median(std::vector<double> v) {
 int run_benchmark(BenchmarkOptions o) {
   SD_CHECK(o.steps >= 1 && o.warmup >= 0, "--steps must be >= 1 and --warmup >= 0");
   SD_CHECK(o.resolution > 0 && o.resolution % 8 == 0, "--resolution {} must be a positive multiple of 8", o.resolution);
-  const fs::path model = o.model.empty() ? preset_dir(o.preset) : fs::path(o.model);
-  pipeline::check_pipeline_layout(model);
+  const bool preset = o.model.name_or_path.empty();
+  const std::string model_name = preset ? o.preset : o.model.name_or_path;
+  pipeline::ModelRequest model = o.model;
+  if (preset) model.name_or_path = preset_dir(o.preset).string();
+  const pipeline::ModelSource source = pipeline::resolve_model(model);
   const fs::path work = fs::temp_directory_path() / fmt::format("sdtrain-benchmark-{}", getpid());
   Measurement m;
   SD_CHECK(!o.lora_rank || o.task == "unet", "--lora_rank is for --task unet, not {}", o.task);
@@ -224,12 +227,13 @@ int run_benchmark(BenchmarkOptions o) {
   else if (o.task == "textual-inversion")
     measure_textual_inversion(o, model, work, m);
   else
-    measure_generation(o, model, m);
+    measure_generation(o, source, m);
   fs::remove_all(work);
   SD_CHECK(!m.step_seconds.empty(), "no step was measured");
+  m.flops_per_step = flops_per_step(o, pipeline::read_configs(source).unet);
   // (MosaicML's line counts the whole UNet as trainable; a LoRA run logs its own count instead.)
   if (o.task == "unet" && !o.lora_rank && dist::detect_dist_env().rank == 0)
-    std::printf("%s\n", pipeline::parameter_line(pipeline::summarize_components(model)).c_str());
+    std::printf("%s\n", pipeline::parameter_line(pipeline::summarize_components(source)).c_str());
 
   // Generation runs in one process; training on every rank the launcher started.
   m.world = o.task == "generate" ? 1 : dist::detect_dist_env().world_size;
@@ -237,18 +241,17 @@ int run_benchmark(BenchmarkOptions o) {
   const double bf16_peak = perf::gemm_gflops(at::kBFloat16), fp32_peak = perf::gemm_gflops(at::kFloat);
   const double seconds = median(m.step_seconds);
   // A training step takes a batch per micro-batch and rank; a generation takes all its denoising steps for one batch.
-  const int64_t micro_batches = o.task == "generate" ? 1 : o.gradient_accumulation_steps;
-  const double images_per_s = static_cast<double>(o.train_batch_size * micro_batches * m.world) /
+  const double images_per_s = static_cast<double>(o.train_batch_size * micro_batches(o) * m.world) /
                               (o.task == "generate" ? seconds * static_cast<double>(m.step_seconds.size()) : seconds);
   const double gflops = static_cast<double>(m.flops_per_step) / seconds / 1e9;
   const train::PrecisionPolicy precision = train::PrecisionPolicy::from_flag(o.mixed_precision);
   const double compute_peak = precision.compute == at::kBFloat16 ? bf16_peak : fp32_peak;
   json line = {{"task", o.task},
                {"lora_rank", o.lora_rank ? json(*o.lora_rank) : json()},
-               {"model", o.model.empty() ? o.preset : o.model},
+               {"model", model_name},
                {"resolution", o.resolution},
                {"train_batch_size", o.train_batch_size},
-               {"gradient_accumulation_steps", micro_batches},
+               {"gradient_accumulation_steps", micro_batches(o)},
                {"mixed_precision", o.mixed_precision},
                {"compute_dtype", dtype_name(precision.compute)},
                {"sharding", o.sharding},
@@ -272,10 +275,9 @@ int run_benchmark(BenchmarkOptions o) {
   log::info(
       "{} {} {}² batch {} {} ({} compute), {} rank(s) x {} thread(s): {:.3f} s/step, {:.2f} images/s, "
       "{:.1f} GFLOP/s = {:.0f}% of the {} GEMM peak ({:.0f} GFLOP/s; bf16 {:.0f}, float32 {:.0f}), peak {:.2f} GiB",
-      o.task, o.model.empty() ? o.preset : o.model, o.resolution, o.train_batch_size, o.mixed_precision,
-      dtype_name(precision.compute), m.world, at::get_num_threads(), seconds, images_per_s, gflops,
-      100 * gflops / compute_peak, dtype_name(precision.compute), compute_peak, bf16_peak, fp32_peak,
-      static_cast<double>(m.peak_rss) / (1 << 30));
+      o.task, model_name, o.resolution, o.train_batch_size, o.mixed_precision, dtype_name(precision.compute), m.world,
+      at::get_num_threads(), seconds, images_per_s, gflops, 100 * gflops / compute_peak, dtype_name(precision.compute),
+      compute_peak, bf16_peak, fp32_peak, static_cast<double>(m.peak_rss) / (1 << 30));
   if (!m.profile.seconds.empty()) {
     double measured = 0;
     for (double s : m.step_seconds) measured += s;
@@ -294,7 +296,7 @@ void add_benchmark(CLI::App& app, std::function<int()>& chosen) {
       "benchmark", "Measure training or generation speed, MFU and memory on synthetic data (one JSON line per rank)");
   auto o = std::make_shared<BenchmarkOptions>();
   flag(cmd, "--task", o->task, "What to measure")->check(CLI::IsMember({"unet", "textual-inversion", "generate"}));
-  flag(cmd, "--model", o->model, "A pipeline folder (default: a random pipeline of --preset)");
+  add_model_flags(cmd, "--model", o->model, "Options");
   flag(cmd, "--preset", o->preset, "Architecture of the random pipeline used without --model")
       ->check(CLI::IsMember(pipeline::preset_names()));
   flag(cmd, "--resolution", o->resolution, "Image size");

@@ -8,6 +8,7 @@ void add_init(CLI::App& app, std::function<int()>& chosen);
 void add_inspect(CLI::App& app, std::function<int()>& chosen);
 void add_tokenize(CLI::App& app, std::function<int()>& chosen);
 void add_generate(CLI::App& app, std::function<int()>& chosen);
+void add_convert(CLI::App& app, std::function<int()>& chosen);
 void add_textual_inversion(CLI::App& app, std::function<int()>& chosen);
 void add_train(CLI::App& app, std::function<int()>& chosen);
 void add_preprocess(CLI::App& app, std::function<int()>& chosen);
@@ -32,6 +33,7 @@ int run(int argc, char** argv) {
   add_inspect(app, chosen);
   add_tokenize(app, chosen);
   add_generate(app, chosen);
+  add_convert(app, chosen);
   add_textual_inversion(app, chosen);
   add_train(app, chosen);
   add_preprocess(app, chosen);

@@ -13,16 +13,16 @@
 #include "core/threads.h"
 #include "cli/commands.h"
 #include "cli/flags.h"
+#include "cli/model_flags.h"
 #include "core/error.h"
 #include "core/progress.h"
 #include "io/atomic_file.h"
 #include "io/image.h"
 #include "io/safetensors.h"
-#include "models/vae/vae_config.h"
 #include "pipeline/embedding_file.h"
 #include "pipeline/img2img.h"
 #include "pipeline/lora_file.h"
-#include "pipeline/stable_diffusion.h"
+#include "pipeline/model_source.h"
 #include "pipeline/textual_inversion_embeddings.h"
 #include "pipeline/txt2img.h"
 #include "train/precision.h"
@@ -35,7 +35,7 @@ namespace {
 namespace fs = std::filesystem;
 
 struct GenerateOptions {
-  std::string model;
+  pipeline::ModelRequest model;
   std::vector<std::string> prompts;
   std::string prompt_file;
   std::vector<std::string> negative_prompts;
@@ -99,9 +99,8 @@ io::RgbImage read_init_image(const fs::path& path) {
 }
 
 // The pipeline's scheduler or --scheduler, with --use_karras_sigmas applied.
-std::unique_ptr<schedulers::Scheduler> make_run_scheduler(const fs::path& model_dir, const GenerateOptions& o) {
-  schedulers::SchedulerConfig config =
-      schedulers::SchedulerConfig::load(model_dir / "scheduler" / "scheduler_config.json");
+std::unique_ptr<schedulers::Scheduler> make_run_scheduler(schedulers::SchedulerConfig config,
+                                                          const GenerateOptions& o) {
   if (o.use_karras_sigmas) {
     config.use_karras_sigmas = true;
     const std::string cls = o.scheduler ? schedulers::canonical_scheduler_name(*o.scheduler) : config.class_name;
@@ -171,16 +170,15 @@ std::vector<fs::path> write_outputs(const GenerateOptions& o, const pipeline::Ge
 
 int run_generate(GenerateOptions o) {
   set_compute_threads(o.threads ? *o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
-  const fs::path dir = o.model;
-  pipeline::check_pipeline_layout(dir);
+  const pipeline::ModelSource source = pipeline::resolve_model(o.model);
 
   // Cheap checks first, so a typo fails before the weights load.
   check_flag_combinations(o);
-  std::unique_ptr<schedulers::Scheduler> scheduler = make_run_scheduler(dir, o);
+  const pipeline::PipelineConfigs configs = pipeline::read_configs(source);
+  std::unique_ptr<schedulers::Scheduler> scheduler = make_run_scheduler(configs.scheduler, o);
   SD_CHECK(o.num_inference_steps >= 1, "--num_inference_steps must be >= 1, got {}", o.num_inference_steps);
   scheduler->set_timesteps(o.num_inference_steps);
-  const models::VaeConfig vae_config = models::VaeConfig::load((dir / "vae" / "config.json").string());
-  const int64_t f = int64_t{1} << (vae_config.block_out_channels.size() - 1);
+  const int64_t f = int64_t{1} << (configs.vae.block_out_channels.size() - 1);
   for (const auto& [name, value] : {std::pair{"--height", o.height}, std::pair{"--width", o.width}}) {
     if (!value) continue;
     SD_CHECK(*value > 0 && *value % f == 0, "{} {} is not a positive multiple of {}, the VAE's scale factor", name,
@@ -211,7 +209,7 @@ int run_generate(GenerateOptions o) {
   // The UNet and VAE in the frozen-model dtype of the training policy: bf16, or float32 where bf16 is slow.
   pipeline::ComponentDtypes dtypes;
   dtypes.unet = dtypes.vae = train::PrecisionPolicy::from_flag(o.mixed_precision).frozen;
-  pipeline::StableDiffusion pipe = pipeline::load_pipeline(dir, dtypes);
+  pipeline::StableDiffusion pipe = pipeline::load_pipeline(source, dtypes);
   for (size_t i = 0; i < embeddings.size(); ++i)
     pipeline::load_textual_inversion(pipe.tokenizer, pipe.text_encoder, embeddings[i], o.embeddings[i]);
   pipeline::apply_lora_files(pipe, o.loras, o.lora_scales, o.fuse_lora);
@@ -253,9 +251,9 @@ int run_generate(GenerateOptions o) {
 
 void add_generate(CLI::App& app, std::function<int()>& chosen) {
   auto* cmd = app.add_subcommand(
-      "generate", "Generate images from text prompts (or from an image and prompts) with a diffusers pipeline folder");
+      "generate", "Generate images from text prompts (or from an image and prompts) with a Stable Diffusion model");
   auto o = std::make_shared<GenerateOptions>();
-  flag(cmd, "--model", o->model, "Pipeline folder in the diffusers layout")->required();
+  add_model_flags(cmd, "--model", o->model)->required();
   auto* prompt = repeated_flag(cmd, "--prompt", o->prompts, "A prompt (repeatable: one batch of images per prompt)");
   flag(cmd, "--prompt_file", o->prompt_file, "A text file with one prompt per line (blank lines skipped)")
       ->excludes(prompt);

@@ -1,19 +1,18 @@
-// `sdtrain inspect DIR`: each component's parameter count, dtype and size, read from the safetensors headers
-// alone (nothing is loaded), and MosaicML's summary line (UNet trainable, VAE and text encoder frozen).
+// `sdtrain inspect MODEL`: each component's parameter count, dtype and size, read from the weight files' headers
+// alone (nothing is loaded), and MosaicML's summary line (UNet trainable, VAE and text encoder frozen). MODEL is
+// anything a model flag accepts.
 #include <cstdio>
 
 #include "cli/commands.h"
-#include "cli/flags.h"
-#include "pipeline/stable_diffusion.h"
+#include "cli/model_flags.h"
+#include "pipeline/model_source.h"
 
 namespace sd::cli {
 
-namespace fs = std::filesystem;
-
 namespace {
 
-int run_inspect(const std::string& dir_arg) {
-  const auto components = pipeline::summarize_components(dir_arg);
+int run_inspect(const pipeline::ModelRequest& model) {
+  const auto components = pipeline::summarize_components(pipeline::resolve_model(model));
   for (const auto& c : components) {
     std::string dtypes;
     for (const auto& d : c.dtypes) dtypes += (dtypes.empty() ? "" : ",") + d;
@@ -27,10 +26,10 @@ int run_inspect(const std::string& dir_arg) {
 }  // namespace
 
 void add_inspect(CLI::App& app, std::function<int()>& chosen) {
-  auto* cmd = app.add_subcommand("inspect", "Parameter counts, dtypes and sizes of a pipeline's components");
-  auto dir = std::make_shared<std::string>();
-  cmd->add_option("dir", *dir, "Pipeline folder (diffusers layout)")->required();
-  cmd->callback([dir, &chosen] { chosen = [dir] { return run_inspect(*dir); }; });
+  auto* cmd = app.add_subcommand("inspect", "Parameter counts, dtypes and sizes of a model's components");
+  auto model = std::make_shared<pipeline::ModelRequest>();
+  add_model_flags(cmd, "model", *model)->required();
+  cmd->callback([model, &chosen] { chosen = [model] { return run_inspect(*model); }; });
 }
 
 }  // namespace sd::cli

@@ -4,6 +4,7 @@
 #include "cli/commands.h"
 #include "cli/data_flags.h"
 #include "cli/flags.h"
+#include "cli/model_flags.h"
 #include "train/preprocess.h"
 
 namespace sd::cli {
@@ -13,9 +14,7 @@ void add_preprocess(CLI::App& app, std::function<int()>& chosen) {
       "preprocess", "Encode images and captions into latent shards for `sdtrain train --train_latents` (docs/data.md)");
   auto o = std::make_shared<train::PreprocessOptions>();
 
-  flag(cmd, "--pretrained_model_name_or_path", o->pretrained_model_name_or_path,
-       "Pipeline folder in the diffusers layout whose VAE, text encoder and tokenizer encode the data")
-      ->required();
+  add_model_flags(cmd, "--pretrained_model_name_or_path", o->model)->required();
   flag(cmd, "--output_dir", o->output_dir,
        "Where the shards and index.json go; rerunning into it keeps finished shards and encodes the rest")
       ->required();

@@ -2,6 +2,7 @@
 // and defaults, so `accelerate launch textual_inversion.py ARGS` becomes `sdtrain textual-inversion ARGS`.
 #include "cli/commands.h"
 #include "cli/flags.h"
+#include "cli/model_flags.h"
 #include "cli/training_flags.h"
 #include "train/tasks/textual_inversion.h"
 
@@ -12,10 +13,7 @@ void add_textual_inversion(CLI::App& app, std::function<int()>& chosen) {
   auto o = std::make_shared<train::TextualInversionOptions>();
 
   const std::string task = "Textual inversion";
-  flag(cmd, "--pretrained_model_name_or_path", o->pretrained_model_name_or_path,
-       "Pipeline folder in the diffusers layout")
-      ->required()
-      ->group(task);
+  add_model_flags(cmd, "--pretrained_model_name_or_path", o->model, task)->required();
   flag(cmd, "--tokenizer_name", o->tokenizer_name, "Tokenizer folder, if not the pipeline's tokenizer/")->group(task);
   flag(cmd, "--train_data_dir", o->train_data_dir, "Folder of training images (jpg, jpeg, png, bmp)")
       ->required()
@@ -56,8 +54,6 @@ void add_textual_inversion(CLI::App& app, std::function<int()>& chosen) {
 
   add_trainer_flags(cmd, o->training);
   add_python_only_training_flags(cmd);
-  accepted_python_flag(cmd, "--revision", true, "sdtrain reads local folders only; ignored");
-  accepted_python_flag(cmd, "--variant", true, "sdtrain reads local folders only; ignored");
   accepted_python_flag(cmd, "--validation_epochs", true, "deprecated in the reference too; use --validation_steps");
 
   cmd->callback([cmd, o, &chosen] {

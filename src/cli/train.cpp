@@ -5,6 +5,7 @@
 #include "cli/commands.h"
 #include "cli/data_flags.h"
 #include "cli/flags.h"
+#include "cli/model_flags.h"
 #include "cli/training_flags.h"
 #include "train/tasks/lora_training.h"
 
@@ -16,10 +17,7 @@ void add_train(CLI::App& app, std::function<int()>& chosen) {
   auto o = std::make_shared<train::LoraTrainingOptions>();
 
   const std::string model = "Model";
-  flag(cmd, "--pretrained_model_name_or_path", o->pretrained_model_name_or_path,
-       "Pipeline folder in the diffusers layout (VAE, text encoder, tokenizer, scheduler and the UNet to train)")
-      ->required()
-      ->group(model);
+  add_model_flags(cmd, "--pretrained_model_name_or_path", o->model, model)->required();
   switch_flag(cmd, "--from_scratch", o->from_scratch,
               "Start the UNet from its config's initialisation (seeded by --seed) instead of its weights")
       ->group(model);
@@ -109,10 +107,9 @@ void add_train(CLI::App& app, std::function<int()>& chosen) {
 
   add_trainer_flags(cmd, o->training);
   add_python_only_training_flags(cmd);
-  accepted_python_flag(cmd, "--revision", true, "sdtrain reads local folders only; ignored");
-  accepted_python_flag(cmd, "--variant", true, "sdtrain reads local folders only; ignored");
-  accepted_python_flag(cmd, "--non_ema_revision", true, "sdtrain reads local folders only; ignored");
-  accepted_python_flag(cmd, "--cache_dir", true, "sdtrain downloads nothing; ignored");
+  accepted_python_flag(cmd, "--non_ema_revision", true, "the UNet trained is that of --revision; ignored");
+  accepted_python_flag(cmd, "--cache_dir", true,
+                       "sdtrain downloads nothing; Hub names are read from HF_HUB_CACHE (else HF_HOME/hub); ignored");
   accepted_python_flag(cmd, "--tracker_project_name", true, "metrics go to --logging_dir; ignored");
   accepted_python_flag(cmd, "--use_8bit_adam", false,
                        "bitsandbytes' 8-bit AdamW is CUDA-only; sdtrain trains with float32 AdamW state");

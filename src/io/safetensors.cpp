@@ -1,12 +1,6 @@
 #include "io/safetensors.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -28,19 +22,6 @@ const std::vector<std::pair<std::string, at::ScalarType>>& dtype_table() {
       {"F64", at::kDouble}, {"F32", at::kFloat}, {"F16", at::kHalf}, {"BF16", at::kBFloat16}, {"I64", at::kLong},
       {"I32", at::kInt},    {"I16", at::kShort}, {"I8", at::kChar},  {"U8", at::kByte},       {"BOOL", at::kBool}};
   return table;
-}
-
-void read_exactly(int fd, void* dst, uint64_t size, uint64_t offset, const fs::path& path) {
-  auto* out = static_cast<char*>(dst);
-  while (size > 0) {
-    ssize_t got = pread(fd, out, size, static_cast<off_t>(offset));
-    if (got < 0 && errno == EINTR) continue;
-    SD_CHECK(got > 0, "{}: read failed at byte {} ({})", path.string(), offset,
-             got == 0 ? "unexpected end of file" : std::strerror(errno));
-    out += got;
-    size -= static_cast<uint64_t>(got);
-    offset += static_cast<uint64_t>(got);
-  }
 }
 
 uint64_t non_negative_int(const json& value, const fs::path& path, const std::string& what) {
@@ -98,87 +79,78 @@ std::string dtype_to_safetensors(at::ScalarType dtype) {
   fail("dtype {} cannot be stored in safetensors", c10::toString(dtype));
 }
 
-SafeTensorsFile::SafeTensorsFile(fs::path path) : path_(std::move(path)) {
-  fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-  SD_CHECK(fd_ >= 0, "{}: cannot open safetensors file ({})", path_.string(), std::strerror(errno));
+SafeTensorsFile::SafeTensorsFile(fs::path path) : file_(std::move(path)) {
+  const std::string name = file_.path().string();
+  const uint64_t file_size = file_.size();
+  SD_CHECK(file_size >= 8, "{}: truncated safetensors file: {} bytes, too short for the 8-byte header length", name,
+           file_size);
+  uint64_t header_len = 0;
+  file_.read(&header_len, 8, 0);
+  SD_CHECK(header_len <= kMaxHeaderBytes, "{}: corrupt safetensors file: header length {} exceeds {} bytes", name,
+           header_len, kMaxHeaderBytes);
+  SD_CHECK(8 + header_len <= file_size, "{}: truncated safetensors file: header needs {} bytes but the file has {}",
+           name, 8 + header_len, file_size);
+  const std::string header = file_.read(header_len, 8);
+  json root;
   try {
-    struct stat st {};
-    SD_CHECK(fstat(fd_, &st) == 0, "{}: cannot stat ({})", path_.string(), std::strerror(errno));
-    const auto file_size = static_cast<uint64_t>(st.st_size);
-    SD_CHECK(file_size >= 8, "{}: truncated safetensors file: {} bytes, too short for the 8-byte header length",
-             path_.string(), file_size);
-    uint64_t header_len = 0;
-    read_exactly(fd_, &header_len, 8, 0, path_);
-    SD_CHECK(header_len <= kMaxHeaderBytes, "{}: corrupt safetensors file: header length {} exceeds {} bytes",
-             path_.string(), header_len, kMaxHeaderBytes);
-    SD_CHECK(8 + header_len <= file_size, "{}: truncated safetensors file: header needs {} bytes but the file has {}",
-             path_.string(), 8 + header_len, file_size);
-    std::string header(header_len, '\0');
-    read_exactly(fd_, header.data(), header_len, 8, path_);
-    json root;
-    try {
-      root = json::parse(header);
-    } catch (const json::exception& e) {
-      fail("{}: corrupt safetensors header: not valid UTF-8 JSON ({})", path_.string(), e.what());
-    }
-    SD_CHECK(root.is_object(), "{}: corrupt safetensors header: expected a JSON object", path_.string());
-    data_start_ = 8 + header_len;
-
-    std::vector<std::pair<uint64_t, std::string>> by_offset;
-    for (const auto& [name, value] : root.items()) {
-      if (name == "__metadata__") {
-        SD_CHECK(value.is_object(), "{}: corrupt safetensors header: __metadata__ must be an object", path_.string());
-        for (const auto& [k, v] : value.items()) {
-          SD_CHECK(v.is_string(), "{}: corrupt safetensors header: __metadata__['{}'] must be a string", path_.string(),
-                   k);
-          metadata_[k] = v.get<std::string>();
-        }
-        continue;
-      }
-      entries_[name] = parse_entry(name, value, path_);
-      by_offset.emplace_back(entries_[name].begin, name);
-    }
-    // Tensors must tile the data section exactly: sorted by offset, each starting where the last ended.
-    std::sort(by_offset.begin(), by_offset.end(), [&](const auto& a, const auto& b) {
-      const auto& ea = entries_[a.second];
-      const auto& eb = entries_[b.second];
-      return std::tie(ea.begin, ea.end) < std::tie(eb.begin, eb.end);
-    });
-    uint64_t cursor = 0;
-    for (const auto& [begin, name] : by_offset) {
-      const auto& e = entries_[name];
-      SD_CHECK(e.begin == cursor,
-               "{}: corrupt safetensors header: tensor '{}' starts at byte {} but the previous tensor ends at {} "
-               "(tensors must be contiguous and non-overlapping)",
-               path_.string(), name, e.begin, cursor);
-      cursor = e.end;
-      names_.push_back(name);
-    }
-    const uint64_t data_size = file_size - data_start_;
-    SD_CHECK(cursor <= data_size, "{}: truncated safetensors file: header describes {} data bytes, file holds {}",
-             path_.string(), cursor, data_size);
-    SD_CHECK(cursor == data_size, "{}: corrupt safetensors file: {} trailing bytes after the last tensor",
-             path_.string(), data_size - cursor);
-  } catch (...) {
-    ::close(fd_);
-    throw;
+    root = json::parse(header);
+  } catch (const json::exception& e) {
+    fail("{}: corrupt safetensors header: not valid UTF-8 JSON ({})", name, e.what());
   }
-}
+  SD_CHECK(root.is_object(), "{}: corrupt safetensors header: expected a JSON object", name);
+  data_start_ = 8 + header_len;
 
-SafeTensorsFile::~SafeTensorsFile() {
-  if (fd_ >= 0) ::close(fd_);
+  std::vector<std::pair<uint64_t, std::string>> by_offset;
+  for (const auto& [key, value] : root.items()) {
+    if (key == "__metadata__") {
+      SD_CHECK(value.is_object(), "{}: corrupt safetensors header: __metadata__ must be an object", name);
+      for (const auto& [k, v] : value.items()) {
+        SD_CHECK(v.is_string(), "{}: corrupt safetensors header: __metadata__['{}'] must be a string", name, k);
+        metadata_[k] = v.get<std::string>();
+      }
+      continue;
+    }
+    entries_[key] = parse_entry(key, value, file_.path());
+    by_offset.emplace_back(entries_[key].begin, key);
+  }
+  // Tensors must tile the data section exactly: sorted by offset, each starting where the last ended.
+  std::sort(by_offset.begin(), by_offset.end(), [&](const auto& a, const auto& b) {
+    const auto& ea = entries_[a.second];
+    const auto& eb = entries_[b.second];
+    return std::tie(ea.begin, ea.end) < std::tie(eb.begin, eb.end);
+  });
+  uint64_t cursor = 0;
+  for (const auto& [begin, key] : by_offset) {
+    const auto& e = entries_[key];
+    SD_CHECK(e.begin == cursor,
+             "{}: corrupt safetensors header: tensor '{}' starts at byte {} but the previous tensor ends at {} "
+             "(tensors must be contiguous and non-overlapping)",
+             name, key, e.begin, cursor);
+    cursor = e.end;
+    names_.push_back(key);
+  }
+  const uint64_t data_size = file_size - data_start_;
+  SD_CHECK(cursor <= data_size, "{}: truncated safetensors file: header describes {} data bytes, file holds {}", name,
+           cursor, data_size);
+  SD_CHECK(cursor == data_size, "{}: corrupt safetensors file: {} trailing bytes after the last tensor", name,
+           data_size - cursor);
 }
 
 const TensorEntry& SafeTensorsFile::entry(const std::string& name) const {
   auto it = entries_.find(name);
-  SD_CHECK(it != entries_.end(), "{}: no tensor named '{}'", path_.string(), name);
+  SD_CHECK(it != entries_.end(), "{}: no tensor named '{}'", label(), name);
   return it->second;
+}
+
+TensorInfo SafeTensorsFile::info(const std::string& name) const {
+  const TensorEntry& e = entry(name);
+  return {e.dtype, e.shape};
 }
 
 at::Tensor SafeTensorsFile::read(const std::string& name) const {
   const TensorEntry& e = entry(name);
   at::Tensor tensor = at::empty(e.shape, at::TensorOptions().dtype(e.dtype));
-  read_exactly(fd_, tensor.data_ptr(), e.end - e.begin, data_start_ + e.begin, path_);
+  file_.read(tensor.data_ptr(), e.end - e.begin, data_start_ + e.begin);
   return tensor;
 }
 

@@ -11,6 +11,9 @@
 #include <utility>
 #include <vector>
 
+#include "io/random_access_file.h"
+#include "io/tensor_file.h"
+
 namespace sd::io {
 
 struct TensorEntry {
@@ -21,25 +24,23 @@ struct TensorEntry {
 };
 
 // An opened, validated safetensors file. Tensors are read on demand.
-class SafeTensorsFile {
+class SafeTensorsFile : public TensorFile {
  public:
   explicit SafeTensorsFile(std::filesystem::path path);
-  ~SafeTensorsFile();
-  SafeTensorsFile(const SafeTensorsFile&) = delete;
-  SafeTensorsFile& operator=(const SafeTensorsFile&) = delete;
 
-  const std::filesystem::path& path() const { return path_; }
-  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const std::filesystem::path& path() const { return file_.path(); }
+  std::string label() const override { return path().string(); }
+  const std::map<std::string, std::string>& metadata() const override { return metadata_; }
   // Tensor names in data order.
-  const std::vector<std::string>& names() const { return names_; }
-  bool contains(const std::string& name) const { return entries_.count(name) > 0; }
+  const std::vector<std::string>& names() const override { return names_; }
+  bool contains(const std::string& name) const override { return entries_.count(name) > 0; }
   const TensorEntry& entry(const std::string& name) const;
+  TensorInfo info(const std::string& name) const override;
   // Reads one tensor in its stored dtype.
-  at::Tensor read(const std::string& name) const;
+  at::Tensor read(const std::string& name) const override;
 
  private:
-  std::filesystem::path path_;
-  int fd_ = -1;
+  RandomAccessFile file_;
   uint64_t data_start_ = 0;
   std::map<std::string, std::string> metadata_;
   std::map<std::string, TensorEntry> entries_;

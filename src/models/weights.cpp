@@ -2,6 +2,8 @@
 
 #include <torch/nn.h>
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace sd::models {
@@ -33,17 +35,14 @@ io::TensorMap named_weights(const torch::nn::Module& module) {
   return out;
 }
 
-void load_weights(torch::nn::Module& module, const io::SafeTensorsFile& file) { load_weights(module, file, {}); }
-
-void load_weights(torch::nn::Module& module, const io::SafeTensorsFile& file, const std::set<std::string>& ignored) {
+void load_weights(torch::nn::Module& module, const io::TensorFile& file, const std::set<std::string>& ignored) {
   io::TensorMap targets = named_weights(module);
   std::vector<std::string> missing, unexpected, misshaped;
   for (const auto& [name, target] : targets) {
     if (!file.contains(name)) {
       missing.push_back(name);
-    } else if (at::IntArrayRef(file.entry(name).shape) != target.sizes()) {
-      misshaped.push_back(
-          fmt::format("{} (file {}, model {})", name, shape_str(file.entry(name).shape), shape_str(target.sizes())));
+    } else if (const auto shape = file.info(name).shape; at::IntArrayRef(shape) != target.sizes()) {
+      misshaped.push_back(fmt::format("{} (file {}, model {})", name, shape_str(shape), shape_str(target.sizes())));
     }
   }
   for (const auto& name : file.names())
@@ -53,14 +52,14 @@ void load_weights(torch::nn::Module& module, const io::SafeTensorsFile& file, co
     if (!misshaped.empty()) parts.push_back("wrong shape: " + list_some(misshaped));
     if (!missing.empty()) parts.push_back("missing keys: " + list_some(missing));
     if (!unexpected.empty()) parts.push_back("unexpected keys: " + list_some(unexpected));
-    fail("{}: weights do not match the model config: {}", file.path().string(), fmt::join(parts, "; "));
+    fail("{}: weights do not match the model config: {}", file.label(), fmt::join(parts, "; "));
   }
   torch::NoGradGuard no_grad;
   for (auto& [name, target] : targets) target.copy_(file.read(name));
 }
 
 void load_weights(torch::nn::Module& module, const std::filesystem::path& path) {
-  load_weights(module, io::SafeTensorsFile(path));
+  load_weights(module, *io::open_tensor_file(path));
 }
 
 void save_weights(const torch::nn::Module& module, const std::filesystem::path& path, at::ScalarType dtype) {
@@ -69,6 +68,59 @@ void save_weights(const torch::nn::Module& module, const std::filesystem::path& 
     for (auto& [name, t] : tensors)
       if (t.is_floating_point()) t = t.to(dtype);
   io::save_safetensors(path, tensors);
+}
+
+WeightFileNames WeightFileNames::diffusers() {
+  return {"diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.bin"};
+}
+
+WeightFileNames WeightFileNames::transformers() { return {"model.safetensors", "pytorch_model.bin"}; }
+
+std::string with_variant(const std::string& file_name, const std::string& variant) {
+  if (variant.empty()) return file_name;
+  const size_t dot = file_name.rfind('.');
+  return file_name.substr(0, dot) + "." + variant + file_name.substr(dot);
+}
+
+bool has_variant_files(const std::filesystem::path& dir, const std::string& variant) {
+  std::error_code ec;
+  for (const auto& file : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = file.path().filename().string();
+    const size_t first = name.find('.');
+    if (first != std::string::npos && name.compare(first + 1, variant.size(), variant) == 0) return true;
+  }
+  return false;
+}
+
+namespace {
+
+std::vector<std::string> weight_files_in(const std::filesystem::path& dir) {
+  std::vector<std::string> found;
+  std::error_code ec;
+  for (const auto& file : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = file.path().filename().string(), ext = file.path().extension().string();
+    const bool shard_index = ext == ".json" && name.find(".index.") != std::string::npos;  // not config.json
+    if (ext == ".safetensors" || ext == ".bin" || shard_index) found.push_back(name);
+  }
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+}  // namespace
+
+std::unique_ptr<io::TensorFile> open_weights(const std::filesystem::path& dir, const WeightFileNames& names,
+                                             const std::string& variant) {
+  const std::string used = variant.empty() || has_variant_files(dir, variant) ? variant : "";
+  const std::vector<std::string> candidates = {
+      with_variant(names.safetensors, used), with_variant(names.safetensors + ".index.json", used),
+      with_variant(names.pickle, used), with_variant(names.pickle + ".index.json", used)};
+  for (const auto& name : candidates)
+    if (std::filesystem::is_regular_file(dir / name)) return io::open_tensor_file(dir / name);
+  const std::vector<std::string> present = weight_files_in(dir);
+  fail("{}: missing file (the weights; nor is there {}; the folder holds {}){}", (dir / candidates[0]).string(),
+       fmt::join(candidates.begin() + 1, candidates.end(), ", "),
+       present.empty() ? "no weight files" : list_some(present),
+       variant.empty() && !present.empty() ? "; to load a variant such as fp16 give --variant" : "");
 }
 
 int64_t parameter_count(const torch::nn::Module& module) {

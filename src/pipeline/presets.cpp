@@ -15,27 +15,20 @@ using nlohmann::json;
 
 namespace {
 
-struct Preset {
-  models::UNetConfig unet;
-  models::VaeConfig vae;
-  models::ClipTextConfig text_encoder;
-  json scheduler;      // scheduler_config.json
-  bool sd2_tokenizer;  // SD-2 pads with "!" (id 0), SD-1 with <|endoftext|>
-};
-
-json sd_scheduler(const std::string& class_name, const std::string& prediction_type) {
-  return {{"_class_name", class_name},   {"_diffusers_version", "0.24.0"},
-          {"beta_end", 0.012},           {"beta_schedule", "scaled_linear"},
-          {"beta_start", 0.00085},       {"clip_sample", false},
-          {"num_train_timesteps", 1000}, {"prediction_type", prediction_type},
-          {"set_alpha_to_one", false},   {"skip_prk_steps", true},
-          {"steps_offset", 1},           {"timestep_spacing", "leading"},
-          {"trained_betas", nullptr}};
+schedulers::SchedulerConfig sd_scheduler(const std::string& class_name, const std::string& prediction_type) {
+  const json config = {{"_class_name", class_name},   {"_diffusers_version", "0.24.0"},
+                       {"beta_end", 0.012},           {"beta_schedule", "scaled_linear"},
+                       {"beta_start", 0.00085},       {"clip_sample", false},
+                       {"num_train_timesteps", 1000}, {"prediction_type", prediction_type},
+                       {"set_alpha_to_one", false},   {"skip_prk_steps", true},
+                       {"steps_offset", 1},           {"timestep_spacing", "leading"},
+                       {"trained_betas", nullptr}};
+  return schedulers::SchedulerConfig::from_json(io::JsonConfig(config, class_name + " preset scheduler_config"));
 }
 
 // The tiny preset is tiny-sd1 of the reference fixtures: a 2.2M-parameter UNet at 16x16 latents, a 64x64 VAE
 // and a 5-layer, 32-wide text encoder with the real vocabulary.
-Preset tiny_preset() {
+PipelineConfigs tiny_preset() {
   const json unet = {{"block_out_channels", {32, 64, 64}},
                      {"layers_per_block", 2},
                      {"down_block_types", {"CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"}},
@@ -58,26 +51,13 @@ Preset tiny_preset() {
           sd_scheduler("PNDMScheduler", "epsilon"), false};
 }
 
-Preset find_preset(const std::string& name) {
-  if (name == "tiny") return tiny_preset();
-  if (name == "sd15")
-    return {models::UNetConfig::sd15(), models::VaeConfig::sd(), models::ClipTextConfig::sd15(),
-            sd_scheduler("PNDMScheduler", "epsilon"), false};
-  if (name == "sd2-base")
-    return {models::UNetConfig::sd2_base(), models::VaeConfig::sd(), models::ClipTextConfig::sd2(),
-            sd_scheduler("PNDMScheduler", "epsilon"), true};
-  if (name == "sd2-768-v")
-    return {models::UNetConfig::sd2(), models::VaeConfig::sd(), models::ClipTextConfig::sd2(),
-            sd_scheduler("DDIMScheduler", "v_prediction"), true};
-  fail("--preset: unknown preset '{}' (expected one of tiny, sd15, sd2-base, sd2-768-v)", name);
-}
-
 json special_token(const std::string& content) {
   return {{"content", content}, {"lstrip", false}, {"normalized", true}, {"rstrip", false}, {"single_word", false}};
 }
 
-// A diffusers tokenizer/ folder: the real CLIP vocabulary plus the SD-1 or SD-2 special-token setup.
-void write_tokenizer(const fs::path& dir, bool sd2) {
+}  // namespace
+
+void write_preset_tokenizer(const fs::path& dir, bool sd2) {
   io::write_text_file(dir / "vocab.json", std::string(assets::clip_vocab_json()));
   io::write_text_file(dir / "merges.txt", std::string(assets::clip_merges_txt()));
   json added = {{"49406", special_token("<|startoftext|>")}, {"49407", special_token("<|endoftext|>")}};
@@ -104,21 +84,33 @@ void write_tokenizer(const fs::path& dir, bool sd2) {
   io::write_text_file(dir / "special_tokens_map.json", special.dump(2) + "\n");
 }
 
-}  // namespace
-
 std::vector<std::string> preset_names() { return {"tiny", "sd15", "sd2-base", "sd2-768-v"}; }
 
+PipelineConfigs preset_configs(const std::string& name) {
+  if (name == "tiny") return tiny_preset();
+  if (name == "sd15")
+    return {models::UNetConfig::sd15(), models::VaeConfig::sd(), models::ClipTextConfig::sd15(),
+            sd_scheduler("PNDMScheduler", "epsilon"), false};
+  if (name == "sd2-base")
+    return {models::UNetConfig::sd2_base(), models::VaeConfig::sd(), models::ClipTextConfig::sd2(),
+            sd_scheduler("PNDMScheduler", "epsilon"), true};
+  if (name == "sd2-768-v")
+    return {models::UNetConfig::sd2(), models::VaeConfig::sd(), models::ClipTextConfig::sd2(),
+            sd_scheduler("DDIMScheduler", "v_prediction"), true};
+  fail("--preset: unknown preset '{}' (expected one of tiny, sd15, sd2-base, sd2-768-v)", name);
+}
+
 StableDiffusion make_preset(const std::string& name, uint64_t seed, const fs::path& work_dir) {
-  Preset preset = find_preset(name);
-  write_tokenizer(work_dir / "tokenizer", preset.sd2_tokenizer);
+  PipelineConfigs preset = preset_configs(name);
+  write_preset_tokenizer(work_dir / "tokenizer", preset.sd2_tokenizer);
   // One seed, then the components in diffusers' order of construction (UNet, VAE, text encoder).
   at::manual_seed(seed);
-  StableDiffusion pipe{model_index_json(preset.scheduler["_class_name"]),
+  StableDiffusion pipe{model_index_json(preset.scheduler.class_name),
                        text::ClipTokenizer::load(work_dir / "tokenizer"),
                        nullptr,
                        nullptr,
                        nullptr,
-                       schedulers::SchedulerConfig::from_json(io::JsonConfig(preset.scheduler, name + " scheduler"))};
+                       preset.scheduler};
   pipe.unet = models::UNet2DConditionModel(preset.unet);
   pipe.vae = models::AutoencoderKL(preset.vae);
   pipe.text_encoder = models::ClipTextModel(preset.text_encoder);
@@ -132,7 +124,7 @@ StableDiffusion make_preset(const std::string& name, uint64_t seed, const fs::pa
 }
 
 void write_preset(const std::string& name, uint64_t seed, const fs::path& out, at::ScalarType dtype) {
-  find_preset(name);  // an unknown name fails before anything is written
+  preset_configs(name);  // an unknown name fails before anything is written
   fs::path work = out;
   work += ".init-tmp";
   fs::remove_all(work);

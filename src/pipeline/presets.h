@@ -11,6 +11,11 @@
 namespace sd::pipeline {
 
 std::vector<std::string> preset_names();
+// Throws sd::Error naming the flag for an unknown name.
+PipelineConfigs preset_configs(const std::string& name);
+
+// A diffusers tokenizer/ folder: the CLIP vocabulary linked into the binary with SD-1's or SD-2's special tokens.
+void write_preset_tokenizer(const std::filesystem::path& dir, bool sd2);
 
 // Builds the pipeline of a preset with weights drawn from `seed` (the libraries' default initialisers), its
 // tokenizer written from the CLIP vocabulary linked into the binary under `work_dir`/tokenizer.

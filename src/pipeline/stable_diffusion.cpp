@@ -3,7 +3,6 @@
 #include "core/error.h"
 #include "io/atomic_file.h"
 #include "io/json_config.h"
-#include "io/safetensors.h"
 #include "models/weights.h"
 
 namespace sd::pipeline {
@@ -20,22 +19,52 @@ void check_pipeline_layout(const fs::path& dir) {
     SD_CHECK(fs::is_directory(dir / part), "{}: missing the {}/ folder of the pipeline", dir.string(), part);
 }
 
-StableDiffusion load_pipeline(const fs::path& dir, const ComponentDtypes& dtypes, const fs::path& tokenizer_dir) {
+PipelineConfigs read_pipeline_configs(const fs::path& dir) {
   check_pipeline_layout(dir);
+  return {models::UNetConfig::load((dir / "unet" / "config.json").string()),
+          models::VaeConfig::load((dir / "vae" / "config.json").string()),
+          models::ClipTextConfig::load(dir / "text_encoder" / "config.json"),
+          schedulers::SchedulerConfig::load(dir / "scheduler" / "scheduler_config.json")};
+}
+
+namespace {
+
+constexpr const char* kWeightedComponents[] = {"text_encoder", "vae", "unet"};
+
+void check_variant_exists(const fs::path& dir, const std::string& variant) {
+  if (variant.empty()) return;
+  for (const char* part : kWeightedComponents)
+    if (models::has_variant_files(dir / part, variant)) return;
+  fail("{}: no component has weights of variant '{}' (files named like diffusion_pytorch_model.{}.safetensors)",
+       dir.string(), variant, variant);
+}
+
+}  // namespace
+
+StableDiffusion load_pipeline(const fs::path& dir, const ComponentDtypes& dtypes, const fs::path& tokenizer_dir,
+                              const std::string& variant) {
+  check_pipeline_layout(dir);
+  check_variant_exists(dir, variant);
   StableDiffusion pipe{io::JsonConfig::load(dir / "model_index.json").raw(),
                        text::ClipTokenizer::load(tokenizer_dir.empty() ? dir / "tokenizer" : tokenizer_dir),
                        nullptr,
                        nullptr,
                        nullptr,
                        schedulers::SchedulerConfig::load(dir / "scheduler" / "scheduler_config.json")};
-  pipe.text_encoder = models::load_text_encoder(dir / "text_encoder", dtypes.text_encoder);
-  pipe.vae = models::load_vae(dir / "vae", dtypes.vae);
-  pipe.unet = models::load_unet(dir / "unet", dtypes.unet);
+  if (dtypes.text_encoder != at::ScalarType::Undefined)
+    pipe.text_encoder = models::load_text_encoder(dir / "text_encoder", dtypes.text_encoder, variant);
+  if (dtypes.vae != at::ScalarType::Undefined) pipe.vae = models::load_vae(dir / "vae", dtypes.vae, variant);
+  if (dtypes.unet != at::ScalarType::Undefined) pipe.unet = models::load_unet(dir / "unet", dtypes.unet, variant);
+  check_components_fit(pipe, dir.string());
+  return pipe;
+}
+
+void check_components_fit(const StableDiffusion& pipe, const std::string& source) {
+  if (!pipe.text_encoder || !pipe.unet) return;
   const int64_t width = pipe.text_encoder->config().hidden_size;
   for (int64_t dim : pipe.unet->config().cross_attention_dim.values)
     SD_CHECK(dim == width, "{}: the UNet's cross_attention_dim ({}) differs from the text encoder's hidden_size ({})",
-             dir.string(), dim, width);
-  return pipe;
+             source, dim, width);
 }
 
 nlohmann::json model_index_json(const std::string& scheduler_class) {
@@ -52,74 +81,49 @@ nlohmann::json model_index_json(const std::string& scheduler_class) {
           {"vae", {"diffusers", "AutoencoderKL"}}};
 }
 
-std::vector<ComponentSummary> summarize_components(const fs::path& dir) {
-  check_pipeline_layout(dir);
-  const auto index = io::JsonConfig::load(dir / "model_index.json");
-  const std::vector<std::tuple<const char*, const char*, bool>> parts = {
-      {"unet", "diffusion_pytorch_model.safetensors", true},
-      {"vae", "diffusion_pytorch_model.safetensors", false},
-      {"text_encoder", "model.safetensors", false}};
-  std::vector<ComponentSummary> out;
-  for (const auto& [name, file, trainable] : parts) {
-    const io::SafeTensorsFile weights(dir / name / file);
-    ComponentSummary c{name, index.raw().contains(name) ? index.raw()[name][1].get<std::string>() : "?"};
-    for (const auto& tensor : weights.names()) {
-      const auto& entry = weights.entry(tensor);
-      if (!at::isFloatingType(entry.dtype)) continue;
-      int64_t n = 1;
-      for (int64_t d : entry.shape) n *= d;
-      c.parameters += n;
-      c.dtypes.insert(entry.dtype == at::kHalf       ? "float16"
-                      : entry.dtype == at::kBFloat16 ? "bfloat16"
-                      : entry.dtype == at::kDouble   ? "float64"
-                                                     : "float32");
-    }
-    c.bytes = fs::file_size(dir / name / file);
-    c.trainable = trainable;
-    out.push_back(std::move(c));
-  }
-  return out;
-}
-
-std::string parameter_line(const std::vector<ComponentSummary>& components) {
-  int64_t total = 0, trainable = 0;
-  for (const auto& c : components) {
-    total += c.parameters;
-    if (c.trainable) trainable += c.parameters;
-  }
-  return fmt::format("Model has {:.6f} M parameters and {:.6f} M trainable", static_cast<double>(total) / 1e6,
-                     static_cast<double>(trainable) / 1e6);
-}
-
-void copy_components(const fs::path& from, const fs::path& to, const std::vector<std::string>& parts) {
-  for (const auto& part : parts)
-    io::write_directory_atomically(to / part, [&](const fs::path& tmp) {
-      fs::copy(from / part, tmp, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
-    });
-}
-
 void write_model_index(const fs::path& dir, const std::string& scheduler_class) {
   io::write_text_file(dir / "model_index.json", model_index_json(scheduler_class).dump(2) + "\n");
 }
 
-void save_pipeline(StableDiffusion& pipe, const fs::path& dir, at::ScalarType dtype) {
+namespace {
+
+std::string scheduler_class_of(const StableDiffusion& pipe) {
+  return pipe.model_index.contains("scheduler") ? pipe.model_index["scheduler"][1].get<std::string>() : "PNDMScheduler";
+}
+
+}  // namespace
+
+void save_component(StableDiffusion& pipe, const std::string& component, const fs::path& dir, at::ScalarType dtype,
+                    const std::string& variant) {
+  const std::string weights = models::with_variant(models::WeightFileNames::diffusers().safetensors, variant);
+  if (component == "tokenizer") {
+    pipe.tokenizer.save(dir);
+  } else if (component == "text_encoder") {
+    models::save_text_encoder(pipe.text_encoder, dir, dtype, variant);
+  } else if (component == "vae") {
+    io::write_text_file(dir / "config.json", pipe.vae->config().to_json().dump(2) + "\n");
+    models::save_weights(*pipe.vae, dir / weights, dtype);
+  } else if (component == "unet") {
+    io::write_text_file(dir / "config.json", pipe.unet->config().to_json().dump(2) + "\n");
+    models::save_weights(*pipe.unet, dir / weights, dtype);
+  } else if (component == "scheduler") {
+    io::write_text_file(dir / "scheduler_config.json",
+                        pipe.scheduler_config.to_json(scheduler_class_of(pipe)).dump(2) + "\n");
+  } else {
+    fail("save_component: unknown component '{}'", component);
+  }
+}
+
+void save_pipeline(StableDiffusion& pipe, const fs::path& dir, at::ScalarType dtype, const std::string& variant) {
   fs::create_directories(dir);
-  const std::string scheduler_class =
-      pipe.model_index.contains("scheduler") ? pipe.model_index["scheduler"][1].get<std::string>() : "PNDMScheduler";
+  const char* parts[] = {"tokenizer", "text_encoder", "vae", "unet", "scheduler"};
   // Each component goes to a temporary folder first; model_index.json, written last, marks the pipeline complete.
   fs::path tmp = dir / fmt::format(".partial-{}", getpid());
   fs::remove_all(tmp);
   try {
-    pipe.tokenizer.save(tmp / "tokenizer");
-    models::save_text_encoder(pipe.text_encoder, tmp / "text_encoder", dtype);
-    io::write_text_file(tmp / "vae" / "config.json", pipe.vae->config().to_json().dump(2) + "\n");
-    models::save_weights(*pipe.vae, tmp / "vae" / "diffusion_pytorch_model.safetensors", dtype);
-    io::write_text_file(tmp / "unet" / "config.json", pipe.unet->config().to_json().dump(2) + "\n");
-    models::save_weights(*pipe.unet, tmp / "unet" / "diffusion_pytorch_model.safetensors", dtype);
-    io::write_text_file(tmp / "scheduler" / "scheduler_config.json",
-                        pipe.scheduler_config.to_json(scheduler_class).dump(2) + "\n");
+    for (const char* part : parts) save_component(pipe, part, tmp / part, dtype, variant);
     fs::remove(dir / "model_index.json");
-    for (const char* part : {"tokenizer", "text_encoder", "vae", "unet", "scheduler"}) {
+    for (const char* part : parts) {
       fs::remove_all(dir / part);
       fs::rename(tmp / part, dir / part);
     }
@@ -129,7 +133,7 @@ void save_pipeline(StableDiffusion& pipe, const fs::path& dir, at::ScalarType dt
     fs::remove_all(tmp, ignored);
     throw;
   }
-  write_model_index(dir, scheduler_class);
+  write_model_index(dir, scheduler_class_of(pipe));
 }
 
 }  // namespace sd::pipeline

@@ -4,7 +4,6 @@
 #include <ATen/ATen.h>
 
 #include <filesystem>
-#include <set>
 #include <string>
 #include <vector>
 #include <nlohmann/json.hpp>
@@ -17,6 +16,8 @@
 
 namespace sd::pipeline {
 
+// The dtype each model component is loaded in; at::ScalarType::Undefined leaves that component out (null), for a task
+// that never runs it.
 struct ComponentDtypes {
   at::ScalarType text_encoder = at::kFloat;
   at::ScalarType vae = at::kFloat;
@@ -35,37 +36,44 @@ struct StableDiffusion {
   int64_t vae_scale_factor() const;
 };
 
+// The configs of a pipeline's components: what a preset is made of, and what a single-file checkpoint lacks.
+struct PipelineConfigs {
+  models::UNetConfig unet;
+  models::VaeConfig vae;
+  models::ClipTextConfig text_encoder;
+  schedulers::SchedulerConfig scheduler;
+  bool sd2_tokenizer = false;  // presets: SD-2 pads with "!" (id 0), SD-1 with <|endoftext|>
+};
+
 // Throws sd::Error unless `dir` holds model_index.json and the component folders a StableDiffusionPipeline needs.
 void check_pipeline_layout(const std::filesystem::path& dir);
 
-// Loads every component. `tokenizer_dir` overrides <dir>/tokenizer (textual inversion's --tokenizer_name).
+// The component configs of a pipeline folder (no weights are read).
+PipelineConfigs read_pipeline_configs(const std::filesystem::path& dir);
+
+// Loads the components of a pipeline folder (the models whose dtype is not Undefined). `tokenizer_dir` overrides
+// <dir>/tokenizer (textual inversion's --tokenizer_name). With a `variant` (e.g. "fp16") each component loads that
+// variant's weights where its folder has them, as diffusers does; a variant no component has is an error.
 StableDiffusion load_pipeline(const std::filesystem::path& dir, const ComponentDtypes& dtypes = {},
-                              const std::filesystem::path& tokenizer_dir = {});
+                              const std::filesystem::path& tokenizer_dir = {}, const std::string& variant = "");
 
-// Writes the pipeline as diffusers' save_pretrained does (weights in `dtype`), building it in a temporary folder
-// and renaming it into place; an existing pipeline in `dir` is replaced, other files there are kept.
-void save_pipeline(StableDiffusion& pipe, const std::filesystem::path& dir, at::ScalarType dtype = at::kFloat);
+// Throws sd::Error (naming `source`) unless the UNet's cross-attention width is the text encoder's hidden size (when
+// both are loaded).
+void check_components_fit(const StableDiffusion& pipe, const std::string& source);
 
-// What a pipeline folder holds, from the safetensors headers alone (nothing is loaded).
-struct ComponentSummary {
-  std::string name;        // unet, vae, text_encoder
-  std::string class_name;  // from model_index.json
-  int64_t parameters = 0;  // floating-point elements (an integer position_ids buffer is not a parameter)
-  std::set<std::string> dtypes;
-  uintmax_t bytes = 0;
-  bool trainable = false;  // what UNet training trains
-};
-std::vector<ComponentSummary> summarize_components(const std::filesystem::path& dir);
-// MosaicML's summary line: "Model has 1289.952427 M parameters and 865.910724 M trainable".
-std::string parameter_line(const std::vector<ComponentSummary>& components);
+// Writes the pipeline as diffusers' save_pretrained does (weights in `dtype`, file names carrying `variant` if
+// given), building it in a temporary folder and renaming it into place; an existing pipeline in `dir` is replaced,
+// other files there are kept.
+void save_pipeline(StableDiffusion& pipe, const std::filesystem::path& dir, at::ScalarType dtype = at::kFloat,
+                   const std::string& variant = "");
+
+// Writes one component folder ("tokenizer", "text_encoder", "vae", "unet" or "scheduler") as save_pipeline does.
+void save_component(StableDiffusion& pipe, const std::string& component, const std::filesystem::path& dir,
+                    at::ScalarType dtype = at::kFloat, const std::string& variant = "");
 
 // model_index.json of a StableDiffusionPipeline whose scheduler is `scheduler_class`.
 nlohmann::json model_index_json(const std::string& scheduler_class);
 
-// For a pipeline written part by part (a trained component next to unchanged ones): copies the component folders
-// `parts` of the pipeline `from` as they are, each atomically.
-void copy_components(const std::filesystem::path& from, const std::filesystem::path& to,
-                     const std::vector<std::string>& parts);
 // Writes <dir>/model_index.json for `scheduler_class` (the pipeline's scheduler), last, marking the pipeline whole.
 void write_model_index(const std::filesystem::path& dir, const std::string& scheduler_class);
 

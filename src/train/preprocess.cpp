@@ -70,11 +70,14 @@ struct LatentEncoder::Prepared {
 };
 
 LatentEncoder::LatentEncoder(const PreprocessOptions& options)
+    : LatentEncoder(options, pipeline::load_pipeline(pipeline::resolve_model(options.model),
+                                                     {at::kFloat, at::kFloat, /*unet=*/at::ScalarType::Undefined})) {}
+
+LatentEncoder::LatentEncoder(const PreprocessOptions& options, pipeline::StableDiffusion encoders)
     : options_(options),
-      tokenizer_(text::ClipTokenizer::load(fs::path(options.pretrained_model_name_or_path) / "tokenizer")) {
-  const fs::path model = options.pretrained_model_name_or_path;
-  text_encoder_ = models::load_text_encoder(model / "text_encoder", at::kFloat);
-  vae_ = models::load_vae(model / "vae", at::kFloat);
+      tokenizer_(std::move(encoders.tokenizer)),
+      text_encoder_(encoders.text_encoder),
+      vae_(encoders.vae) {
   text_encoder_->eval();
   vae_->eval();
   const int64_t factor = vae_->config().scale_factor();
@@ -253,7 +256,7 @@ int run_preprocess(const PreprocessOptions& o) {
   data::LatentsIndex index = encoder.describe();
   index.shards = plan_shards(dataset->size(), o.samples_per_shard);
   const json settings = content_settings(o, dataset->size());
-  index.preprocessing = {{"model", o.pretrained_model_name_or_path},
+  index.preprocessing = {{"model", o.model.name_or_path},
                          {"inputs", o.inputs.train_data_dir.empty() ? o.inputs.train_shards : o.inputs.train_data_dir},
                          {"settings", settings}};
   remove_temporaries(dir, index.shards, env.rank, env.world_size);

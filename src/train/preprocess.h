@@ -20,13 +20,14 @@
 #include "io/safetensors.h"
 #include "models/clip/clip_text_model.h"
 #include "models/vae/autoencoder_kl.h"
+#include "pipeline/model_source.h"
 #include "text/clip_tokenizer.h"
 
 namespace sd::train {
 
 // Field names are the flags'.
 struct PreprocessOptions {
-  std::string pretrained_model_name_or_path;
+  pipeline::ModelRequest model;      // --pretrained_model_name_or_path, --revision, --variant, --config_from
   data::TrainingDataOptions inputs;  // --train_data_dir or --train_shards, the columns, buckets, loader threads
   std::vector<int> resolution = {512};
   std::string latents = "moments";  // or "sample": one posterior sample x the VAE's scaling factor
@@ -53,6 +54,7 @@ class LatentEncoder {
 
  private:
   struct Prepared;
+  LatentEncoder(const PreprocessOptions& options, pipeline::StableDiffusion encoders);
   Prepared prepare(const data::ImageCaptionDataset& dataset, int64_t index) const;
   // The latents of `samples` at resolution number `r` from their pixels, into `out`.
   void encode_images(const std::vector<int64_t>& samples, const std::vector<at::Tensor>& pixels, size_t r,

@@ -17,7 +17,9 @@ using nlohmann::json;
 class LatentShards : public ::testing::Test {
  protected:
   void SetUp() override {
-    io::save_safetensors(dir() / "latents-00000.safetensors", {sample(0, 1), sample(1, 2)});
+    io::TensorMap first_shard = sample(0, 1);
+    first_shard.merge(sample(1, 2));
+    io::save_safetensors(dir() / "latents-00000.safetensors", first_shard);
     io::save_safetensors(dir() / "latents-00001.safetensors", sample(2, 1));
     io::save_safetensors(dir() / "empty_caption.safetensors", {{"text_hidden", at::full({1, 77, 32}, -1.0)}});
     write_index(index());

@@ -305,7 +305,8 @@ TEST(Generate, BadInputGetsOneClearLine) {
                         "--guidance_rescale cannot be combined with --init_image");
 
   const std::string rest = " --prompt cat --num_inference_steps 1 --threads 1";
-  expect_one_line_error("--model " + quote((dir.path() / "nowhere").string()) + rest, "model folder not found");
+  expect_one_line_error("--model " + quote((dir.path() / "nowhere").string()) + rest,
+                        ": not found (expected a diffusers pipeline folder, a single-file checkpoint or a Hub name");
   // A pipeline copy with a truncated UNet file, then one without its vae/ folder.
   const fs::path broken = dir.path() / "broken";
   fs::copy(sd::test::fixtures() / "tiny-sd1", broken, fs::copy_options::recursive);

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/atomic_file.h"
+#include "io/hub_cache_util.h"
 #include "io/image.h"
 #include "io/safetensors.h"
 #include "pipeline/embedding_file.h"
@@ -146,10 +147,64 @@ TEST_F(TextualInversionE2E, PythonOnlyFlagsAreAcceptedWithANote) {
                                           "--enable_xformers_memory_efficient_attention --allow_tf32 "
                                           "--revision=main --mixed_precision=fp16")));
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  // --revision is a real flag, which a local folder ignores (as diffusers does).
+  EXPECT_EQ(r.output.find("--revision"), std::string::npos) << r.output;
   for (const char* flag :
-       {"--push_to_hub", "--hub_token", "--enable_xformers_memory_efficient_attention", "--allow_tf32", "--revision"})
+       {"--push_to_hub", "--hub_token", "--enable_xformers_memory_efficient_attention", "--allow_tf32"})
     EXPECT_NE(r.output.find(std::string("sdtrain: note: ") + flag), std::string::npos) << flag << "\n" << r.output;
   EXPECT_NE(r.output.find("--mixed_precision fp16: CPUs have no fast float16 kernels"), std::string::npos) << r.output;
+}
+
+// The seed deployment's command line as it is written, Hub name and all, on a machine whose Hugging Face cache holds
+// the model: here tiny-sd1 as refs/main (safetensors) and, at another commit, as torch.save .bin files. Only the
+// resolution is scaled to the tiny model (its VAE downsamples 4x, so 512 would train a 128x128-latent UNet).
+TEST(TextualInversionSeedLine, RunsWithACachedHubName) {
+  sd::test::TempDir dir;
+  const std::string main_commit = "39593d5650112b4cc580433f6b0435385882d819";
+  const std::string bin_commit = "aa9ba505e1973ae5cd05f5aedd345178f52f8e6a";
+  const fs::path cache = dir.path() / "hub";
+  sd::test::add_to_hub_cache(cache, "runwayml/stable-diffusion-v1-5", sd::test::fixtures() / "tiny-sd1", main_commit,
+                             "main");
+  sd::test::add_to_hub_cache(cache, "runwayml/stable-diffusion-v1-5", sd::test::fixtures() / "formats" / "tiny-sd1-bin",
+                             bin_commit, "bin-weights");
+  for (int i = 0; i < 3; ++i)
+    sd::test::write_pattern_png(dir.path() / "dicoo" / ("img" + std::to_string(i) + ".png"), 70, 60, 7 + i);
+  const auto seed_line = [&](const std::string& output_dir, const std::string& extra) {
+    return run_command("cd '" + dir.path().string() + "' && HF_HUB_CACHE='" + cache.string() + "' " +
+                       sdtrain("textual-inversion --pretrained_model_name_or_path=runwayml/stable-diffusion-v1-5"
+                               " --train_data_dir=dicoo --learnable_property=object --placeholder_token=\"<dicoo>\""
+                               " --initializer_token=toy --resolution=64 --train_batch_size=1 --seed=7"
+                               " --gradient_accumulation_steps=1 --max_train_steps=30 --learning_rate=2.0e-03 "
+                               "--scale_lr --lr_scheduler=constant --lr_warmup_steps=0 --output_dir=" +
+                               output_dir + " --mixed_precision=bf16 --save_as_full_pipeline --threads 1 " + extra));
+  };
+
+  auto r = seed_line("out", "");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const fs::path out = dir.path() / "out";
+  EXPECT_EQ(io::SafeTensorsFile(out / "learned_embeds.safetensors").names(), std::vector<std::string>{"<dicoo>"});
+  // The full pipeline holds the cached UNet and VAE as files of its own, not links into the cache.
+  for (const char* file : {"unet/diffusion_pytorch_model.safetensors", "vae/diffusion_pytorch_model.safetensors"}) {
+    EXPECT_FALSE(fs::is_symlink(out / file)) << file;
+    EXPECT_EQ(io::read_text_file(out / file), io::read_text_file(sd::test::fixtures() / "tiny-sd1" / file)) << file;
+  }
+
+  // --revision by branch and by commit: the .bin snapshot holds the same weights, so training learns the same bits.
+  for (const std::string& revision : {std::string("bin-weights"), bin_commit}) {
+    r = seed_line("out-" + revision, "--revision=" + revision);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(io::read_text_file(dir.path() / ("out-" + revision) / "learned_embeds.safetensors"),
+              io::read_text_file(out / "learned_embeds.safetensors"))
+        << revision;
+  }
+
+  // A revision the cache does not hold: one line naming where sdtrain looked and how to fetch it.
+  r = seed_line("never", "--revision=fp16");
+  EXPECT_TRUE(sd::test::is_one_line_error(
+      r, (cache / "models--runwayml--stable-diffusion-v1-5" / "refs" / "fp16").string() + ")"));
+  EXPECT_NE(r.output.find("huggingface-cli download runwayml/stable-diffusion-v1-5 --revision fp16"), std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(dir.path() / "never"));
 }
 
 void expect_one_line_error(const sd::test::CommandResult& r, const std::string& fragment) {

@@ -6,10 +6,13 @@
 
 #include "core/error.h"
 #include "io/safetensors.h"
+#include "io/torch_zip_util.h"
 #include "test_util.h"
 
 namespace sd::pipeline {
 namespace {
+
+namespace fs = std::filesystem;
 
 std::string error_of(const std::filesystem::path& path) {
   try {
@@ -47,6 +50,40 @@ TEST(EmbeddingFile, ReadsTorchSavedDicts) {
   EmbeddingFile e = load_embedding_file(dir.path() / "learned_embeds.bin");
   EXPECT_EQ(e.token, "<cat-toy>");
   EXPECT_TRUE(at::equal(e.vectors, vectors));
+}
+
+TEST(EmbeddingFile, ReadsA1111TorchSaveFiles) {
+  // {"string_to_token": {"*": 265}, "string_to_param": {"*": vectors}, "name": ..., "step": ...}, as A1111 saves.
+  sd::test::TempDir dir;
+  auto vectors = at::randn({2, 8});
+  c10::impl::GenericDict token(c10::StringType::get(), c10::IntType::get());
+  token.insert("*", int64_t{265});
+  c10::impl::GenericDict param(c10::StringType::get(), c10::TensorType::get());
+  param.insert("*", vectors);
+  c10::impl::GenericDict root(c10::StringType::get(), c10::AnyType::get());
+  root.insert("string_to_token", token);
+  root.insert("string_to_param", param);
+  root.insert("name", std::string("my-style"));
+  root.insert("step", int64_t{500});
+  auto bytes = torch::pickle_save(root);
+  std::ofstream(dir.path() / "embedding.pt", std::ios::binary).write(bytes.data(), bytes.size());
+  EmbeddingFile e = load_embedding_file(dir.path() / "embedding.pt");
+  EXPECT_EQ(e.token, "my-style");
+  EXPECT_TRUE(at::equal(e.vectors, vectors));
+}
+
+TEST(EmbeddingFile, PicklesAreReadWithoutRunningThem) {
+  sd::test::TempDir dir;
+  const fs::path marker = dir.path() / "pwned";
+  const std::string pickle =
+      "\x80\x02"
+      "cos\nsystem\n" +
+      sd::test::pickle_unicode("touch " + marker.string()) + "\x85R.";
+  sd::test::write_bytes(dir.path() / "evil.pt", sd::test::torch_archive(pickle, ""));
+  const std::string err = error_of(dir.path() / "evil.pt");
+  EXPECT_NE(err.find("refusing to load: the pickle asks for the Python object 'os.system'"), std::string::npos) << err;
+  EXPECT_EQ(err.find('\n'), std::string::npos) << err;
+  EXPECT_FALSE(fs::exists(marker));
 }
 
 TEST(EmbeddingFile, MultiVectorTokenNames) {

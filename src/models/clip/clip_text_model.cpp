@@ -178,33 +178,35 @@ void ClipTextModelImpl::copy_token_embedding_row(int64_t src, int64_t dst) {
   w[dst].copy_(w[src]);
 }
 
-ClipTextModel load_text_encoder(const std::filesystem::path& dir, at::ScalarType dtype) {
+ClipTextModel load_text_encoder(const std::filesystem::path& dir, at::ScalarType dtype, const std::string& variant) {
+  const ClipTextConfig config = ClipTextConfig::load(dir / "config.json");
+  return load_text_encoder(config, *open_weights(dir, WeightFileNames::transformers(), variant), dtype);
+}
+
+ClipTextModel load_text_encoder(const ClipTextConfig& config, const io::TensorFile& weights, at::ScalarType dtype) {
   // LibTorch 1.13 has no CPU float16 matmul/bmm/softmax, so float16 is a storage format only here.
   SD_CHECK(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kDouble,
            "text encoder: cannot run in {} on CPU; use float32 or bfloat16 (float16 files load into either)",
            c10::toString(dtype));
-  const std::filesystem::path config_file = dir / "config.json", weights_file = dir / "model.safetensors";
-  const ClipTextConfig config = ClipTextConfig::load(config_file);
-  SD_CHECK(std::filesystem::exists(weights_file), "{}: missing file (the text encoder weights)", weights_file.string());
-  const io::SafeTensorsFile file(weights_file);
   ClipTextModel model = [&] {
     ScopedDefaultDtype built_in(dtype);
     return ClipTextModel(config);
   }();
   // transformers < 4.31 saved the position_ids buffer; 4.35 recomputes it (and so do we).
-  load_weights(*model, file, {"text_model.embeddings.position_ids"});
+  load_weights(*model, weights, {"text_model.embeddings.position_ids"});
   model->eval();
   return model;
 }
 
-void save_text_encoder(ClipTextModel& model, const std::filesystem::path& dir, at::ScalarType dtype) {
+void save_text_encoder(ClipTextModel& model, const std::filesystem::path& dir, at::ScalarType dtype,
+                       const std::string& variant) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   SD_CHECK(!ec, "{}: cannot create folder ({})", dir.string(), ec.message());
   ClipTextConfig config = model->config();
   config.torch_dtype = dtype == at::kBFloat16 ? "bfloat16" : dtype == at::kHalf ? "float16" : "float32";
   io::write_text_file(dir / "config.json", config.to_json().dump(2) + "\n");
-  save_weights(*model, dir / "model.safetensors", dtype);
+  save_weights(*model, dir / with_variant(WeightFileNames::transformers().safetensors, variant), dtype);
 }
 
 }  // namespace sd::models

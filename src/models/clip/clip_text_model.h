@@ -8,8 +8,10 @@
 #include <torch/nn/pimpl.h>
 
 #include <filesystem>
+#include <string>
 #include <vector>
 
+#include "io/tensor_file.h"
 #include "models/clip/clip_config.h"
 #include "models/lora.h"
 
@@ -119,10 +121,17 @@ class ClipTextModelImpl : public torch::nn::Module {
 };
 TORCH_MODULE(ClipTextModel);
 
-// Loads a `text_encoder/` folder (config.json + model.safetensors) with weights in `dtype` (float32 or bfloat16;
-// float64 for checks). Stored fp16/bf16/fp32 weights are converted. A `position_ids` tensor in the file is ignored.
-ClipTextModel load_text_encoder(const std::filesystem::path& dir, at::ScalarType dtype = at::kFloat);
-// Writes config.json (torch_dtype set from `dtype`) and model.safetensors, as transformers' save_pretrained.
-void save_text_encoder(ClipTextModel& model, const std::filesystem::path& dir, at::ScalarType dtype = at::kFloat);
+// Loads a `text_encoder/` folder (config.json and the weights open_weights picks, of `variant` if given) with weights
+// in `dtype` (float32 or bfloat16; float64 for checks). Stored fp16/bf16/fp32 weights are converted. A
+// `position_ids` tensor in the file is ignored.
+ClipTextModel load_text_encoder(const std::filesystem::path& dir, at::ScalarType dtype = at::kFloat,
+                                const std::string& variant = "");
+// The same from a config and weights already opened (e.g. the text-encoder part of a single-file checkpoint).
+ClipTextModel load_text_encoder(const ClipTextConfig& config, const io::TensorFile& weights,
+                                at::ScalarType dtype = at::kFloat);
+// Writes config.json (torch_dtype set from `dtype`) and model[.variant].safetensors, as transformers'
+// save_pretrained.
+void save_text_encoder(ClipTextModel& model, const std::filesystem::path& dir, at::ScalarType dtype = at::kFloat,
+                       const std::string& variant = "");
 
 }  // namespace sd::models

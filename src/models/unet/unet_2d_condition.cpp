@@ -215,12 +215,14 @@ at::Tensor UNet2DConditionModelImpl::forward(const at::Tensor& sample_in, const 
 
 // ---------------------------------------------------------------------------------------------------------------
 
-UNet2DConditionModel load_unet(const std::filesystem::path& dir, at::ScalarType dtype) {
+UNet2DConditionModel load_unet(const std::filesystem::path& dir, at::ScalarType dtype, const std::string& variant) {
+  UNetConfig config = UNetConfig::load((dir / "config.json").string());
+  return load_unet(std::move(config), *open_weights(dir, WeightFileNames::diffusers(), variant), dtype);
+}
+
+UNet2DConditionModel load_unet(UNetConfig config, const io::TensorFile& weights, at::ScalarType dtype) {
   SD_CHECK(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kDouble,
            "load_unet: dtype must be float32, bfloat16 or float64, got {}", c10::toString(dtype));
-  UNetConfig config = UNetConfig::load((dir / "config.json").string());
-  const auto weights = dir / "diffusion_pytorch_model.safetensors";
-  SD_CHECK(std::filesystem::exists(weights), "{}: missing file (the UNet weights)", weights.string());
   UNet2DConditionModel model = [&] {
     ScopedDefaultDtype built_in(dtype);
     return UNet2DConditionModel(std::move(config));

@@ -2,7 +2,9 @@
 // analytic parameter count.
 #pragma once
 #include <filesystem>
+#include <string>
 
+#include "io/tensor_file.h"
 #include "models/unet/unet_blocks.h"
 #include "models/unet/unet_config.h"
 
@@ -63,9 +65,12 @@ class UNet2DConditionModelImpl : public torch::nn::Module {
 };
 TORCH_MODULE(UNet2DConditionModel);
 
-// Reads <dir>/config.json and <dir>/diffusion_pytorch_model.safetensors (a diffusers `unet/` folder) into a
+// Reads a diffusers `unet/` folder (config.json and the weights open_weights picks, of `variant` if given) into a
 // model of `dtype` (float32 or bfloat16; stored float16/bfloat16/float32 weights are converted).
-UNet2DConditionModel load_unet(const std::filesystem::path& dir, at::ScalarType dtype = at::kFloat);
+UNet2DConditionModel load_unet(const std::filesystem::path& dir, at::ScalarType dtype = at::kFloat,
+                               const std::string& variant = "");
+// The same from a config and weights already opened (e.g. the UNet part of a single-file checkpoint).
+UNet2DConditionModel load_unet(UNetConfig config, const io::TensorFile& weights, at::ScalarType dtype = at::kFloat);
 
 // Parameters a UNet2DConditionModel built from `config` has, computed from the config alone (so the count of
 // SD-1.5's 860M-parameter UNet needs no memory).

@@ -191,12 +191,14 @@ at::Tensor AutoencoderKLImpl::decode(const at::Tensor& latents) {
   return decoder->forward(post_quant_conv->forward(latents));
 }
 
-AutoencoderKL load_vae(const std::filesystem::path& dir, at::ScalarType dtype) {
+AutoencoderKL load_vae(const std::filesystem::path& dir, at::ScalarType dtype, const std::string& variant) {
+  VaeConfig config = VaeConfig::load((dir / "config.json").string());
+  return load_vae(std::move(config), *open_weights(dir, WeightFileNames::diffusers(), variant), dtype);
+}
+
+AutoencoderKL load_vae(VaeConfig config, const io::TensorFile& weights, at::ScalarType dtype) {
   SD_CHECK(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kDouble,
            "load_vae: dtype must be float32, bfloat16 or float64, got {}", c10::toString(dtype));
-  VaeConfig config = VaeConfig::load((dir / "config.json").string());
-  const auto weights = dir / "diffusion_pytorch_model.safetensors";
-  SD_CHECK(std::filesystem::exists(weights), "{}: missing file (the VAE weights)", weights.string());
   AutoencoderKL model = [&] {
     ScopedDefaultDtype built_in(dtype);
     return AutoencoderKL(std::move(config));

@@ -3,7 +3,9 @@
 #include <ATen/core/Generator.h>
 
 #include <filesystem>
+#include <string>
 
+#include "io/tensor_file.h"
 #include "models/diffusers_blocks.h"
 #include "models/vae/vae_config.h"
 
@@ -126,9 +128,12 @@ class AutoencoderKLImpl : public torch::nn::Module {
 };
 TORCH_MODULE(AutoencoderKL);
 
-// Reads <dir>/config.json and <dir>/diffusion_pytorch_model.safetensors (a diffusers `vae/` folder) into a model
-// of `dtype` (float32, bfloat16 or float64).
-AutoencoderKL load_vae(const std::filesystem::path& dir, at::ScalarType dtype = at::kFloat);
+// Reads a diffusers `vae/` folder (config.json and the weights open_weights picks, of `variant` if given) into a
+// model of `dtype` (float32, bfloat16 or float64).
+AutoencoderKL load_vae(const std::filesystem::path& dir, at::ScalarType dtype = at::kFloat,
+                       const std::string& variant = "");
+// The same from a config and weights already opened (e.g. the VAE part of a single-file checkpoint).
+AutoencoderKL load_vae(VaeConfig config, const io::TensorFile& weights, at::ScalarType dtype = at::kFloat);
 
 // Parameters an AutoencoderKL built from `config` has, from the config alone.
 int64_t count_parameters(const VaeConfig& config);

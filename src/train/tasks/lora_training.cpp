@@ -35,7 +35,8 @@ std::string py_float(double value) {
   return s.find_first_of(".en") == std::string::npos ? s + ".0" : s;
 }
 
-// "runs/cat-lora/" -> "cat-lora"
+// "runs/cat-lora/" -> "cat-lora"; a Hub name "runwayml/stable-diffusion-v1-5" -> "stable-diffusion-v1-5" (as kohya's
+// basename of the model argument)
 std::string folder_name(const fs::path& dir) {
   fs::path p = fs::absolute(dir).lexically_normal();
   if (!p.has_filename()) p = p.parent_path();
@@ -171,7 +172,7 @@ std::map<std::string, std::string> LoraTrainingTask::kohya_metadata() const {
       {"ss_network_alpha", py_float(alpha_)},
       {"ss_base_model_version", std::string(v2 ? "sd_v2" : "sd_v1") + (v_prediction ? "_v" : "")},
       {"ss_v2", py_bool(v2)},
-      {"ss_sd_model_name", folder_name(model_dir_)},
+      {"ss_sd_model_name", folder_name(o_.model.name_or_path)},
       {"ss_training_started_at", std::to_string(started_)},
       {"ss_training_finished_at", std::to_string(std::time(nullptr))},
       {"ss_steps", std::to_string(last_step_)},

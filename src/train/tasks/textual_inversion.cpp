@@ -14,7 +14,7 @@
 #include "io/image.h"
 #include "models/weights.h"
 #include "pipeline/embedding_file.h"
-#include "pipeline/stable_diffusion.h"
+#include "pipeline/model_source.h"
 #include "pipeline/txt2img.h"
 #include "schedulers/ddpm.h"
 #include "schedulers/factory.h"
@@ -86,6 +86,7 @@ class TextualInversionTask : public Task {
   TextualInversionOptions o_;
   RunContext& context_;
   fs::path output_dir_;
+  pipeline::ModelSource model_;
   std::unique_ptr<pipeline::StableDiffusion> pipe_;
   int64_t first_placeholder_ = 0;
   std::unique_ptr<data::TextualInversionDataset> dataset_;
@@ -100,8 +101,9 @@ TextualInversionTask::TextualInversionTask(const TextualInversionOptions& o, Run
   // The text encoder, whose rows are trained, stays float32; the frozen UNet and VAE take the policy's dtype.
   const at::ScalarType frozen = context_.precision.frozen;
   context_.precision.compute = at::kFloat;
+  model_ = pipeline::resolve_model(o.model);
   pipe_ = std::make_unique<pipeline::StableDiffusion>(
-      pipeline::load_pipeline(o.pretrained_model_name_or_path, {at::kFloat, frozen, frozen}, o.tokenizer_name));
+      pipeline::load_pipeline(model_, {at::kFloat, frozen, frozen}, o.tokenizer_name));
   const int64_t factor = pipe_->vae_scale_factor();
   SD_CHECK(o.resolution % factor == 0, "--resolution {} must be divisible by {} (the VAE's downscale factor)",
            o.resolution, factor);
@@ -213,9 +215,10 @@ at::Tensor TextualInversionTask::validation_images(int64_t step) {
 }
 
 void TextualInversionTask::save_full_pipeline() {
-  // The UNet, VAE and scheduler are unchanged: their files are copied as they are (full precision), and only the
-  // tokenizer and the text encoder, which gained the learned token rows, are written anew.
-  pipeline::copy_components(o_.pretrained_model_name_or_path, output_dir_, {"unet", "vae", "scheduler"});
+  // The UNet, VAE and scheduler are unchanged: they come from the source in full precision (a pipeline folder's
+  // files copied as they are), and only the tokenizer and the text encoder, which gained the learned token rows, are
+  // written anew.
+  pipeline::copy_components(model_, output_dir_, {"unet", "vae", "scheduler"});
   io::write_directory_atomically(output_dir_ / "tokenizer", [&](const fs::path& tmp) { pipe_->tokenizer.save(tmp); });
   io::write_directory_atomically(output_dir_ / "text_encoder",
                                  [&](const fs::path& tmp) { models::save_text_encoder(pipe_->text_encoder, tmp); });

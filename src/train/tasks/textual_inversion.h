@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 
+#include "pipeline/model_source.h"
 #include "train/trainer.h"
 
 namespace sd::train {
@@ -12,7 +13,7 @@ namespace sd::train {
 // The flags of the reference script beyond the engine's, with its defaults. Field names are the flag names.
 struct TextualInversionOptions {
   TrainerOptions training;
-  std::string pretrained_model_name_or_path;
+  pipeline::ModelRequest model;  // --pretrained_model_name_or_path, --revision, --variant, --config_from
   std::string tokenizer_name;
   std::string train_data_dir;
   std::string learnable_property = "object";

@@ -8,10 +8,7 @@
 #include "core/log.h"
 #include "data/random_streams.h"
 #include "io/atomic_file.h"
-#include "io/json_config.h"
-#include "models/vae/vae_config.h"
 #include "models/weights.h"
-#include "pipeline/stable_diffusion.h"
 #include "pipeline/txt2img.h"
 #include "schedulers/ddpm.h"
 #include "schedulers/factory.h"
@@ -42,7 +39,7 @@ void write_model_folder(const fs::path& dir, const json& config, const io::Tenso
 UNetTrainingTask::UNetTrainingTask(const UNetTrainingOptions& o, RunContext& context, at::ScalarType unet_dtype)
     : o_(o),
       context_(context),
-      model_dir_(o.pretrained_model_name_or_path),
+      model_(pipeline::resolve_model(o.model)),
       output_dir_(o.training.output_dir),
       unet_dtype_(unet_dtype) {
   const bool with_encoders = data::needs_encoders(data::data_kind(o.data));
@@ -75,26 +72,22 @@ UNetTrainingTask::UNetTrainingTask(const UNetTrainingOptions& o, RunContext& con
 }
 
 void UNetTrainingTask::load_models(bool with_encoders) {
-  pipeline::check_pipeline_layout(model_dir_);
+  // The UNet is loaded (or built) in unet_dtype_ (float32 when it trains: its values are the master weights). The
+  // frozen VAE and text encoder are loaded only when the data needs encoding; the VAE's config always is, since stored
+  // latents are scaled by its factor.
+  const pipeline::PipelineConfigs configs = pipeline::read_configs(model_);
+  vae_config_ = configs.vae;
+  const at::ScalarType frozen = with_encoders ? context_.precision.frozen : at::ScalarType::Undefined;
   pipe_ = std::make_unique<pipeline::StableDiffusion>(
-      pipeline::StableDiffusion{io::JsonConfig::load(model_dir_ / "model_index.json").raw(),
-                                text::ClipTokenizer::load(model_dir_ / "tokenizer"), nullptr, nullptr, nullptr,
-                                schedulers::SchedulerConfig::load(model_dir_ / "scheduler" / "scheduler_config.json")});
-  vae_config_ = models::VaeConfig::load((model_dir_ / "vae" / "config.json").string());
+      pipeline::load_pipeline(model_, {frozen, frozen, o_.from_scratch ? at::ScalarType::Undefined : unet_dtype_}));
   if (o_.from_scratch) {
     at::manual_seed(static_cast<int64_t>(context_.seed));
-    pipe_->unet =
-        models::UNet2DConditionModel(models::UNetConfig::load((model_dir_ / "unet" / "config.json").string()));
+    pipe_->unet = models::UNet2DConditionModel(configs.unet);
     pipe_->unet->to(unet_dtype_);
-    log::info("UNet initialised from {} (seed {})", (model_dir_ / "unet" / "config.json").string(), context_.seed);
-  } else {
-    pipe_->unet = models::load_unet(model_dir_ / "unet", unet_dtype_);
+    log::info("UNet initialised from the config of {} (seed {})", model_.path.string(), context_.seed);
   }
   pipe_->unet->train();
   if (!with_encoders) return;
-  const at::ScalarType frozen = context_.precision.frozen;
-  pipe_->text_encoder = models::load_text_encoder(model_dir_ / "text_encoder", frozen);
-  pipe_->vae = models::load_vae(model_dir_ / "vae", frozen);
   for (auto* module :
        {static_cast<torch::nn::Module*>(pipe_->text_encoder.get()), static_cast<torch::nn::Module*>(pipe_->vae.get())})
     for (auto& p : module->parameters()) p.set_requires_grad(false);
@@ -222,7 +215,7 @@ fs::path UNetTrainingTask::export_final(const io::TensorMap& weights, const io::
   // The trained UNet first (the EMA weights with --use_ema, as the script saves), then the frozen parts as they
   // are; model_index.json, written last, marks the pipeline complete.
   write_model_folder(output_dir_ / "unet", pipe_->unet->config().to_json(), ema.empty() ? weights : ema);
-  pipeline::copy_components(model_dir_, output_dir_, {"vae", "text_encoder", "tokenizer", "scheduler"});
+  pipeline::copy_components(model_, output_dir_, {"vae", "text_encoder", "tokenizer", "scheduler"});
   pipeline::write_model_index(output_dir_,
                               pipe_->model_index.value("scheduler", json::array({"", "PNDMScheduler"}))[1]);
   return output_dir_;

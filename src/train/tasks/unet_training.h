@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "data/training_data.h"
+#include "pipeline/model_source.h"
 #include "train/trainer.h"
 
 namespace sd::train {
@@ -16,7 +17,7 @@ namespace sd::train {
 struct UNetTrainingOptions {
   TrainerOptions training;
   data::TrainingDataOptions data;
-  std::string pretrained_model_name_or_path;
+  pipeline::ModelRequest model;  // --pretrained_model_name_or_path, --revision, --variant, --config_from
   bool gradient_checkpointing = false;
   std::optional<double> snr_gamma;
   double noise_offset = 0;

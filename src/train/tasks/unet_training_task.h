@@ -10,6 +10,7 @@
 #include "data/training_batches.h"
 #include "data/training_data.h"
 #include "models/vae/vae_config.h"
+#include "pipeline/model_source.h"
 #include "pipeline/stable_diffusion.h"
 #include "train/tasks/denoising_loss.h"
 #include "train/tasks/unet_training.h"
@@ -48,11 +49,12 @@ class UNetTrainingTask : public Task {
   // <output_dir>/replay.safetensors: each step's loss, lr, grad norm and EMA decay, then the final tensors.
   void write_replay_record(const io::TensorMap& weights, const io::TensorMap& ema) const;
 
-  // What a variation reads: the options, the run and the models (the text encoder and VAE only when the data needs
-  // encoding).
+  // What a variation reads: the options, the run, where the model came from and the models (the text encoder and
+  // VAE only when the data needs encoding).
   UNetTrainingOptions o_;
   RunContext& context_;
-  std::filesystem::path model_dir_, output_dir_;
+  pipeline::ModelSource model_;
+  std::filesystem::path output_dir_;
   std::unique_ptr<pipeline::StableDiffusion> pipe_;
 
  private:

@@ -1,0 +1,65 @@
+// `sdtrain convert INPUT OUTPUT`: between the layouts Stable Diffusion weights come in. INPUT is anything a model flag
+// accepts (pipeline folder, single-file .safetensors/.ckpt, cached Hub name); OUTPUT ending in .safetensors is
+// written as one file in the original (LDM / A1111) layout, anything else as a diffusers pipeline folder, e.g. with
+// --variant fp16 for diffusion_pytorch_model.fp16.safetensors files.
+#include <cstdio>
+
+#include "cli/commands.h"
+#include "cli/flags.h"
+#include "cli/model_flags.h"
+#include "core/error.h"
+#include "pipeline/model_source.h"
+#include "pipeline/single_file.h"
+
+namespace sd::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct ConvertOptions {
+  pipeline::ModelRequest input;
+  std::string output;
+  std::string variant;
+  std::string save_dtype;
+};
+
+at::ScalarType save_dtype(const ConvertOptions& o) {
+  if (o.save_dtype == "float16" || (o.save_dtype.empty() && o.variant == "fp16")) return at::kHalf;
+  if (o.save_dtype == "bfloat16") return at::kBFloat16;
+  return at::kFloat;
+}
+
+int run_convert(const ConvertOptions& o) {
+  const bool single_file = fs::path(o.output).extension() == ".safetensors";
+  SD_CHECK(single_file || fs::path(o.output).extension() != ".ckpt",
+           "{}: single files are written as .safetensors (which A1111 and ComfyUI read), not .ckpt", o.output);
+  SD_CHECK(!single_file || o.variant.empty(), "--variant names the files of a pipeline folder; {} is a single file",
+           o.output);
+  const pipeline::ModelSource source = pipeline::resolve_model(o.input);
+  pipeline::StableDiffusion pipe = pipeline::load_pipeline(source);
+  if (single_file)
+    pipeline::save_single_file(pipe, o.output, save_dtype(o));
+  else
+    pipeline::save_pipeline(pipe, o.output, save_dtype(o), o.variant);
+  std::printf("%s\n", o.output.c_str());
+  return 0;
+}
+
+}  // namespace
+
+void add_convert(CLI::App& app, std::function<int()>& chosen) {
+  auto* cmd = app.add_subcommand(
+      "convert", "Convert between a diffusers pipeline folder and a single-file (LDM / A1111) checkpoint");
+  auto o = std::make_shared<ConvertOptions>();
+  add_model_flags(cmd, "input", o->input, "Input", "--input_variant")->required();
+  cmd->add_option("output", o->output, "OUT.safetensors: one file in the LDM layout; otherwise a pipeline folder")
+      ->required();
+  flag(cmd, "--variant", o->variant, "Pipeline output: name the weight files *.VARIANT.* (e.g. fp16)");
+  flag(cmd, "--save_dtype", o->save_dtype,
+       "dtype of the written weights (default float16 for --variant fp16, else float32)")
+      ->check(CLI::IsMember({"float32", "float16", "bfloat16"}));
+  cmd->callback([o, &chosen] { chosen = [o] { return run_convert(*o); }; });
+}
+
+}  // namespace sd::cli

@@ -1,0 +1,26 @@
+#include "cli/model_flags.h"
+
+#include "cli/flags.h"
+
+namespace sd::cli {
+
+CLI::Option* add_model_flags(CLI::App* cmd, const std::string& name, pipeline::ModelRequest& request,
+                             const std::string& group, const std::string& variant_flag) {
+  const std::string help =
+      "Diffusers pipeline folder, single-file checkpoint (.safetensors, .ckpt) or Hub name in the local Hugging Face "
+      "cache";
+  CLI::Option* model = name.rfind("--", 0) == 0 ? flag(cmd, name, request.name_or_path, help)
+                                                : cmd->add_option(name, request.name_or_path, help);
+  model->group(group);
+  flag(cmd, "--revision", request.revision, "Hub name: branch, tag or commit hash in the local cache (default main)")
+      ->group(group);
+  flag(cmd, variant_flag, request.variant,
+       "Load the weights of this variant where a component has them (e.g. fp16: *.fp16.safetensors)")
+      ->group(group);
+  flag(cmd, "--config_from", request.config_from,
+       "Single-file checkpoint: a diffusers pipeline folder whose configs to use (default: the matching preset)")
+      ->group(group);
+  return model;
+}
+
+}  // namespace sd::cli
