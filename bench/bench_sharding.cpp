@@ -41,11 +41,11 @@ int main(int argc, char** argv) {
   }
   const std::string sdtrain = sd::bench::sdtrain_beside_me();
   const std::string benchmark = " benchmark --task unet --preset " + preset + " --resolution " + resolution +
-                                " --train_batch_size 1 --mixed_precision " + precision +
-                                " --steps " + std::to_string(steps) + " --warmup 1";
+                                " --train_batch_size 1 --mixed_precision " + precision + " --steps " +
+                                std::to_string(steps) + " --warmup 1";
   const std::string r = std::to_string(ranks);
-  const std::vector<json> single = json_lines(sdtrain + benchmark + " --sharding no_shard --threads " + r +
-                                              " --gradient_accumulation_steps " + r);
+  const std::vector<json> single =
+      json_lines(sdtrain + benchmark + " --sharding no_shard --threads " + r + " --gradient_accumulation_steps " + r);
   const std::vector<json> sharded = json_lines(sdtrain + " launch --nproc_per_node " + r + " --" + benchmark +
                                                " --sharding shard_grad_op --threads 1");
   if (single.size() != 1 || sharded.size() != static_cast<size_t>(ranks)) {

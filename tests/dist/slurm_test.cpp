@@ -51,14 +51,15 @@ class SlurmCluster {
   // Empty when the cluster is up; otherwise why it could not start.
   std::string start(const fs::path& dir) {
     dir_ = dir;
-    if (geteuid() != 0) return "slurmd must run as root to start jobs (running as uid " + std::to_string(geteuid()) + ")";
+    if (geteuid() != 0)
+      return "slurmd must run as root to start jobs (running as uid " + std::to_string(geteuid()) + ")";
     for (const char* dirname : {"state", "spool", "log"}) fs::create_directories(dir / dirname);
     auto key = test::run_process({"mungekey", "--create", "--force", "--keyfile=" + (dir / "munge.key").string()}, 30s);
     if (key.exit_code != 0) return "mungekey failed: " + key.output;
     munged_ = std::make_unique<test::Process>(std::vector<std::string>{
-        "munged", "--foreground", "--force", "--socket=" + socket().string(), "--key-file=" + (dir / "munge.key").string(),
-        "--log-file=" + (dir / "log" / "munged.log").string(), "--pid-file=" + (dir / "munged.pid").string(),
-        "--seed-file=" + (dir / "munged.seed").string()});
+        "munged", "--foreground", "--force", "--socket=" + socket().string(),
+        "--key-file=" + (dir / "munge.key").string(), "--log-file=" + (dir / "log" / "munged.log").string(),
+        "--pid-file=" + (dir / "munged.pid").string(), "--seed-file=" + (dir / "munged.seed").string()});
     if (!wait_until([&] { return fs::exists(socket()); }, 20s)) return "munged did not start: " + munged_->output();
 
     write_config();
@@ -133,7 +134,8 @@ class SlurmCluster {
          << "SlurmctldPidFile=" << (d / "slurmctld.pid").string() << "\n"
          << "SlurmdPidFile=" << (d / "slurmd.pid").string() << "\n"
          << "SlurmctldLogFile=" << (d / "log" / "slurmctld.log").string() << "\n"
-         << "SlurmdLogFile=" << (d / "log" / "slurmd.log").string() << "\n"
+         << "SlurmdLogFile=" << (d / "log" / "slurmd.log").string()
+         << "\n"
          // No cgroups in containers: track processes by parentage, no task binding, no accounting.
          << "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\nJobAcctGatherType=jobacct_gather/none\n"
          << "AccountingStorageType=accounting_storage/none\nMpiDefault=none\nSwitchType=switch/none\n"
