@@ -175,7 +175,10 @@ class Slurm : public ::testing::Test {
   std::vector<std::string> sbatch(const std::string& script, const fs::path& out, const std::string& extra) const {
     const std::string exports = "--export=ALL,PATH=" + bin().string() + ":" + std::getenv("PATH") +
                                 ",MODEL=" + model().string() + ",DATA=" + data().string() + ",OUT=" + out.string() +
-                                ",EXTRA_ARGS=" + extra + (resolves(short_hostname()) ? "" : ",MASTER_ADDR=127.0.0.1");
+                                ",EXTRA_ARGS=" + extra +
+                                // Each job its own rendezvous port: tests run in parallel on this machine.
+                                ",MASTER_PORT=" + std::to_string(test::free_port()) +
+                                (resolves(short_hostname()) ? "" : ",MASTER_ADDR=127.0.0.1");
     return {"sbatch",
             "--parsable",
             "--nodes=1",
