@@ -23,14 +23,7 @@ const json& cases() {
   return data;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const sd::Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using sd::test::error_of;
 
 // The golden cases were made after add_tokens(["<dicoo>"]).
 ClipTokenizer golden_tokenizer(const std::string& pipeline) {

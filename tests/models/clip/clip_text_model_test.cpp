@@ -20,14 +20,7 @@ using sd::test::TempDir;
 
 fs::path encoder_dir(const std::string& pipeline) { return sd::test::fixtures() / pipeline / "text_encoder"; }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const sd::Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using sd::test::error_of;
 
 // max|a-b| / max|b|, for reporting the worst ratio seen.
 double ratio(const at::Tensor& a, const at::Tensor& b) {
