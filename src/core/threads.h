@@ -10,4 +10,7 @@ namespace sd {
 // SD-1.5 at 256² 6.82 -> 4.94 s/step in float32 and 2.66 -> 2.03 s/step in bf16; tiny 0.15 -> 0.07 s/step.
 void set_compute_threads(int threads);
 
+// The library that runs LibTorch's float32 GEMMs in this process (core/onednn_sgemm.cpp): "oneDNN".
+const char* float32_gemm_library();
+
 }  // namespace sd
