@@ -4,6 +4,7 @@
 #include <torch/nn/functional/conv.h>
 
 #include "core/error.h"
+#include "models/conv2d.h"
 
 namespace sd::models {
 
@@ -57,6 +58,15 @@ at::Tensor LoraHost::add_adapter_outputs(const at::Tensor& x, const at::Tensor& 
 
 at::Tensor LinearImpl::low_rank_output(const at::Tensor& x, const at::Tensor& down, const at::Tensor& up) const {
   return at::linear(at::linear(x, down), up);
+}
+
+at::Tensor Conv2dImpl::forward(const at::Tensor& x) {
+  const auto& o = options;
+  const auto* padding = c10::get_if<torch::ExpandingArray<2>>(&o.padding());
+  const bool plain = padding && c10::get_if<torch::enumtype::kZeros>(&o.padding_mode()) && o.groups() == 1 &&
+                     (*o.dilation())[0] == 1 && (*o.dilation())[1] == 1;
+  const at::Tensor base = plain ? conv2d(x, weight, bias, *o.stride(), **padding) : torch::nn::Conv2dImpl::forward(x);
+  return add_adapter_outputs(x, base);
 }
 
 at::Tensor Conv2dImpl::low_rank_output(const at::Tensor& x, const at::Tensor& down, const at::Tensor& up) const {

@@ -68,8 +68,9 @@ TORCH_MODULE(Linear);
 class Conv2dImpl : public torch::nn::Conv2dImpl, public LoraHost {
  public:
   using torch::nn::Conv2dImpl::Conv2dImpl;
-  // x: [N, in, H, W] -> [N, out, H', W']
-  at::Tensor forward(const at::Tensor& x) { return add_adapter_outputs(x, torch::nn::Conv2dImpl::forward(x)); }
+  // x: [N, in, H, W] -> [N, out, H', W'] (models/conv2d.h for the zero-padded, undilated, ungrouped convolutions
+  // of the SD models; LibTorch's module forward for anything else)
+  at::Tensor forward(const at::Tensor& x);
   at::IntArrayRef base_weight_shape() const override { return weight.sizes(); }
 
  private:

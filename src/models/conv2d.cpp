@@ -1,0 +1,44 @@
+#include "models/conv2d.h"
+
+namespace sd::models {
+
+namespace {
+
+constexpr int64_t kMostGemmPixels = 256;  // measured: bench_conv (GEMM ahead at 8x8 and 16x16, behind at 32x32)
+
+int64_t output_size(int64_t in, int64_t kernel, int64_t stride, int64_t padding) {
+  return (in + 2 * padding - kernel) / stride + 1;
+}
+
+}  // namespace
+
+// One GEMM: [Cout, Cin·kh·kw] x [Cin·kh·kw, N·H'·W'].
+at::Tensor conv2d_as_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, at::IntArrayRef stride,
+                          at::IntArrayRef padding) {
+  const int64_t n = x.size(0), cout = weight.size(0), kh = weight.size(2), kw = weight.size(3);
+  const int64_t oh = output_size(x.size(2), kh, stride[0], padding[0]),
+                ow = output_size(x.size(3), kw, stride[1], padding[1]);
+  const bool pointwise = kh == 1 && kw == 1 && stride[0] == 1 && stride[1] == 1 && padding[0] == 0 && padding[1] == 0;
+  const at::Tensor columns =  // [N, Cin·kh·kw, H'·W']
+      pointwise ? x.flatten(2) : at::im2col(x, {kh, kw}, /*dilation=*/{1, 1}, padding, stride);
+  const at::Tensor flat = columns.transpose(0, 1).reshape({columns.size(1), n * oh * ow});  // a copy only if N > 1
+  const at::Tensor w = weight.reshape({cout, -1});
+  const at::Tensor out = bias.defined() ? at::addmm(bias.unsqueeze(1), w, flat) : at::mm(w, flat);  // [Cout, N·H'·W']
+  return out.view({cout, n, oh, ow}).transpose(0, 1).contiguous();
+}
+
+bool conv2d_runs_as_gemm(const at::Tensor& x, const at::Tensor& weight, at::IntArrayRef stride,
+                         at::IntArrayRef padding) {
+  if (!x.is_cpu() || x.scalar_type() != at::kFloat || x.dim() != 4 || weight.dim() != 4) return false;
+  const int64_t pixels = x.size(0) * output_size(x.size(2), weight.size(2), stride[0], padding[0]) *
+                         output_size(x.size(3), weight.size(3), stride[1], padding[1]);
+  return pixels <= kMostGemmPixels;
+}
+
+at::Tensor conv2d(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, at::IntArrayRef stride,
+                  at::IntArrayRef padding) {
+  if (conv2d_runs_as_gemm(x, weight, stride, padding)) return conv2d_as_gemm(x, weight, bias, stride, padding);
+  return at::conv2d(x, weight, bias, stride, padding, /*dilation=*/{1, 1});
+}
+
+}  // namespace sd::models

@@ -1,0 +1,81 @@
+#include "models/conv2d.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <vector>
+
+#include "model_test_util.h"
+
+namespace sd::models {
+namespace {
+
+struct Result {
+  at::Tensor out, dx, dw, db;
+};
+
+template <typename Conv>
+Result run(const Conv& conv, const at::Tensor& x0, const at::Tensor& w0, const at::Tensor& b0, const at::Tensor& grad) {
+  at::Tensor x = x0.detach().requires_grad_(), w = w0.detach().requires_grad_();
+  at::Tensor b = b0.defined() ? b0.detach().requires_grad_() : at::Tensor();
+  const at::Tensor out = conv(x, w, b);
+  torch::autograd::backward({out}, {grad});
+  return {out.detach(), x.grad(), w.grad(), b.defined() ? b.grad() : at::Tensor()};
+}
+
+struct Shape {
+  int64_t batch, in, out, kernel, height, width, stride, padding;
+  bool bias;
+};
+
+TEST(Conv2d, GemmPathEqualsLibTorchsConvolutionForwardAndBackward) {
+  const std::vector<Shape> shapes = {
+      {1, 8, 6, 3, 5, 5, 1, 1, true},   // SD's resnet convolution
+      {3, 8, 6, 3, 5, 7, 1, 1, true},   // several images, a non-square map
+      {2, 5, 4, 3, 6, 6, 2, 0, true},   // the VAE's downsampler (stride 2, no padding)
+      {2, 5, 4, 3, 7, 6, 2, 1, false},  // the UNet's downsampler, odd size, no bias
+      {2, 9, 3, 1, 4, 4, 1, 0, true},   // 1x1 projection or shortcut
+  };
+  for (const at::ScalarType dtype : {at::kDouble, at::kFloat}) {
+    for (const Shape& s : shapes) {
+      SCOPED_TRACE(::testing::Message() << c10::toString(dtype) << " batch " << s.batch << " kernel " << s.kernel
+                                        << " stride " << s.stride << " padding " << s.padding);
+      at::manual_seed(s.batch * 100 + s.kernel);
+      const at::Tensor x = at::randn({s.batch, s.in, s.height, s.width}, dtype);
+      const at::Tensor w = at::randn({s.out, s.in, s.kernel, s.kernel}, dtype);
+      const at::Tensor b = s.bias ? at::randn({s.out}, dtype) : at::Tensor();
+      const std::vector<int64_t> stride{s.stride, s.stride}, padding{s.padding, s.padding};
+      const at::Tensor grad = at::randn_like(at::conv2d(x, w, b, stride, padding));
+      const Result ref =
+          run([&](auto& a, auto& c, auto& d) { return at::conv2d(a, c, d, stride, padding); }, x, w, b, grad);
+      const Result gemm =
+          run([&](auto& a, auto& c, auto& d) { return conv2d_as_gemm(a, c, d, stride, padding); }, x, w, b, grad);
+      const double tol = dtype == at::kDouble ? 1e-12 : 1e-5;  // summation order only
+      EXPECT_TRUE(sd::test::close_rel_max(gemm.out, ref.out, tol));
+      EXPECT_TRUE(sd::test::close_rel_max(gemm.dx, ref.dx, tol));
+      EXPECT_TRUE(sd::test::close_rel_max(gemm.dw, ref.dw, tol));
+      if (s.bias) EXPECT_TRUE(sd::test::close_rel_max(gemm.db, ref.db, tol));
+      EXPECT_TRUE(gemm.out.is_contiguous());
+    }
+  }
+}
+
+TEST(Conv2d, SmallFloat32MapsTakeTheGemmPathAndEverythingElseLibTorchs) {
+  const std::vector<int64_t> one{1, 1}, two{2, 2}, zero{0, 0};
+  const at::Tensor w3 = at::zeros({4, 4, 3, 3});
+  EXPECT_TRUE(conv2d_runs_as_gemm(at::zeros({1, 4, 16, 16}), w3, one, one));   // 256 output pixels
+  EXPECT_TRUE(conv2d_runs_as_gemm(at::zeros({4, 4, 8, 8}), w3, one, one));     // 4 x 64
+  EXPECT_TRUE(conv2d_runs_as_gemm(at::zeros({1, 4, 32, 32}), w3, two, one));   // 16 x 16 after stride 2
+  EXPECT_FALSE(conv2d_runs_as_gemm(at::zeros({1, 4, 32, 32}), w3, one, one));  // 1024
+  EXPECT_FALSE(conv2d_runs_as_gemm(at::zeros({2, 4, 16, 16}), w3, one, one));  // 512
+  EXPECT_FALSE(conv2d_runs_as_gemm(at::zeros({1, 4, 8, 8}, at::kDouble), w3.to(at::kDouble), one, one));
+  EXPECT_FALSE(conv2d_runs_as_gemm(at::zeros({1, 4, 8, 8}, at::kBFloat16), w3.to(at::kBFloat16), one, one));
+  // Whichever path it takes, conv2d() computes the convolution.
+  const at::Tensor x = at::randn({1, 4, 8, 8}), w = at::randn({4, 4, 3, 3}), b = at::randn({4});
+  EXPECT_TRUE(sd::test::close_rel_max(conv2d(x, w, b, one, one), at::conv2d(x, w, b, one, one), 1e-5));
+  const at::Tensor big = at::randn({1, 4, 20, 20});
+  EXPECT_TRUE(at::equal(conv2d(big, w, b, one, zero), at::conv2d(big, w, b, one, zero)));
+}
+
+}  // namespace
+}  // namespace sd::models
