@@ -16,6 +16,7 @@
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "cli/model_flags.h"
+#include "cli/training_flags.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/threads.h"
@@ -52,6 +53,7 @@ struct BenchmarkOptions {
   std::string sharding = "no_shard";
   double bucket_cap_mb = 25;
   bool gradient_checkpointing = false;
+  bool memory_efficient_attention = false;
   std::optional<int64_t> lora_rank;  // unet: train LoRA adapters of this rank instead of the whole UNet
   std::string data = "latents";
   int num_inference_steps = 10;
@@ -79,7 +81,7 @@ class StepMeter {
     if (step != o_.warmup) return;
     perf::reset_peak_rss();
     network_start_ = perf::network_bytes();
-    if (o_.profile) profiler_.emplace();
+    if (o_.profile) profiler_.emplace(/*count_flops=*/true);
   }
   void after(int64_t step, double seconds) {
     if (step <= o_.warmup) return;
@@ -141,6 +143,7 @@ void measure_unet_training(const BenchmarkOptions& o, const pipeline::ModelReque
   u.data.synthetic_samples = 1 << 20;
   u.data.transform.resolution = o.resolution;
   u.gradient_checkpointing = o.gradient_checkpointing;
+  u.memory_efficient_attention = o.memory_efficient_attention;
   if (o.lora_rank) u.lora_rank = *o.lora_rank;
   SD_CHECK((o.lora_rank ? train::run_lora_training(u) : train::run_unet_training(u)) == 0,
            "the benchmark's training run failed");
@@ -163,6 +166,7 @@ void measure_textual_inversion(const BenchmarkOptions& o, const pipeline::ModelR
   t.initializer_token = "toy";
   t.resolution = o.resolution;
   t.gradient_checkpointing = o.gradient_checkpointing;
+  t.memory_efficient_attention = o.memory_efficient_attention;
   SD_CHECK(train::run_textual_inversion(t) == 0, "the benchmark's training run failed");
 }
 
@@ -202,6 +206,25 @@ int64_t flops_per_step(const BenchmarkOptions& o, const models::UNetConfig& unet
   const int64_t passes = micro_batches(o) * (o.task == "unet" && !o.lora_rank ? 3 : 2);
   const int64_t latent = o.resolution / 8;
   return passes * models::count_forward_flops(unet, o.train_batch_size, latent, latent);
+}
+
+// The `n` ops (LibTorch ops, autograd nodes, sdtrain scopes) with the most time of their own.
+json top_ops(const perf::OpProfile& profile, size_t n) {
+  std::vector<std::pair<double, std::string>> ops;
+  for (const auto& [name, s] : profile.self_seconds_by_op) ops.emplace_back(s, name);
+  std::sort(ops.rbegin(), ops.rend());
+  json top = json::array();
+  for (size_t i = 0; i < std::min(n, ops.size()); ++i) top.push_back({ops[i].second, ops[i].first});
+  return top;
+}
+
+// Achieved GFLOP/s of each op class that does matrix products, from the profiler's counts and times.
+json op_rates(const perf::OpProfile& profile) {
+  json rates = json::object();
+  for (const auto& [name, flops] : profile.flops)
+    if (profile.seconds.count(name) && profile.seconds.at(name) > 0)
+      rates[name] = static_cast<double>(flops) / profile.seconds.at(name) / 1e9;
+  return rates;
 }
 
 const char* dtype_name(at::ScalarType t) { return t == at::kBFloat16 ? "bf16" : "float32"; }
@@ -267,6 +290,8 @@ int run_benchmark(BenchmarkOptions o) {
                {"mfu", gflops / compute_peak},
                {"peak_rss_gib", static_cast<double>(m.peak_rss) / (1 << 30)},
                {"op_seconds", m.profile.seconds},
+               {"op_gflops_per_s", op_rates(m.profile)},
+               {"top_ops_seconds", top_ops(m.profile, 15)},
                {"network_bytes_per_step",
                 {{"sent", static_cast<double>(m.network.sent) / static_cast<double>(m.step_seconds.size())},
                  {"received", static_cast<double>(m.network.received) / static_cast<double>(m.step_seconds.size())}}}};
@@ -282,8 +307,11 @@ int run_benchmark(BenchmarkOptions o) {
     double measured = 0;
     for (double s : m.step_seconds) measured += s;
     std::string split;
-    for (const auto& [name, s] : m.profile.seconds)
+    const json rates = op_rates(m.profile);
+    for (const auto& [name, s] : m.profile.seconds) {
       split += fmt::format("{}{} {:.0f}%", split.empty() ? "" : ", ", name, 100 * s / measured);
+      if (rates.contains(name)) split += fmt::format(" ({:.0f} GFLOP/s)", rates[name].get<double>());
+    }
     log::info("time by op class: {}", split);
   }
   return 0;
@@ -311,7 +339,7 @@ void add_benchmark(CLI::App& app, std::function<int()>& chosen) {
       ->check(CLI::IsMember({"no_shard", "shard_grad_op"}));
   flag(cmd, "--bucket_cap_mb", o->bucket_cap_mb, "MiB of float32 gradients per communication bucket (training)")
       ->check(CLI::PositiveNumber);
-  switch_flag(cmd, "--gradient_checkpointing", o->gradient_checkpointing, "Recompute activations in backward");
+  add_unet_memory_flags(cmd, o->gradient_checkpointing, o->memory_efficient_attention, "Options");
   flag(cmd, "--lora_rank", o->lora_rank,
        "unet: train LoRA adapters of this rank (diffusers' defaults) instead of the UNet")
       ->check(CLI::PositiveNumber);

@@ -24,9 +24,7 @@ void add_train(CLI::App& app, std::function<int()>& chosen) {
   flag(cmd, "--prediction_type", o->prediction_type, "epsilon or v_prediction (default: the scheduler config's)")
       ->check(CLI::IsMember({"epsilon", "v_prediction"}))
       ->group(model);
-  switch_flag(cmd, "--gradient_checkpointing", o->gradient_checkpointing,
-              "Recompute UNet activations in backward to save memory")
-      ->group(model);
+  add_unet_memory_flags(cmd, o->gradient_checkpointing, o->memory_efficient_attention, model);
 
   data::TrainingDataOptions& d = o->data;
   const std::string data =

@@ -103,12 +103,23 @@ void add_trainer_flags(CLI::App* cmd, train::TrainerOptions& o) {
   flag(cmd, "--dist_iface", o.dist_iface, "Network interface for collectives (else GLOO_SOCKET_IFNAME)")->group(run);
 }
 
+void add_unet_memory_flags(CLI::App* cmd, bool& gradient_checkpointing, bool& memory_efficient_attention,
+                           const std::string& group) {
+  switch_flag(cmd, "--gradient_checkpointing", gradient_checkpointing,
+              "Recompute UNet activations in backward to save memory")
+      ->group(group);
+  // diffusers' flag name, so command lines carry over; no xformers is involved.
+  switch_flag(cmd, "--enable_xformers_memory_efficient_attention,--memory_efficient_attention",
+              memory_efficient_attention,
+              "Tiled attention that keeps no attention probabilities for backward: less memory at large resolutions, "
+              "a slower backward")
+      ->group(group);
+}
+
 void add_python_only_training_flags(CLI::App* cmd) {
   accepted_python_flag(cmd, "--push_to_hub", false, "sdtrain never uploads; copy --output_dir yourself");
   accepted_python_flag(cmd, "--hub_token", true, "sdtrain never uploads; ignored");
   accepted_python_flag(cmd, "--hub_model_id", true, "sdtrain never uploads; ignored");
-  accepted_python_flag(cmd, "--enable_xformers_memory_efficient_attention", false,
-                       "xformers is CUDA-only; sdtrain uses its own attention");
   accepted_python_flag(cmd, "--allow_tf32", false, "TF32 is a CUDA setting; ignored on CPU");
   accepted_python_flag(cmd, "--local_rank", true, "ranks come from the launcher's environment");
 }

@@ -1,12 +1,12 @@
 #include "models/diffusers_blocks.h"
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <torch/nn/functional/upsampling.h>
 
 #include <cmath>
 
 #include "core/error.h"
+#include "models/tiled_attention.h"
 
 namespace sd::models {
 
@@ -50,32 +50,12 @@ at::Tensor layer_norm(const nn::LayerNorm& norm, const at::Tensor& x) {
       .to(x.scalar_type());
 }
 
-namespace {
-
-// Float32 inference at large sizes: one (batch x head) slice per task across LibTorch's threads, each with its own
-// single-threaded BLAS GEMMs (OpenBLAS is kept single-threaded, see core/threads.h). Every slice computes what the
-// batched path computes, in the same order (a GEMM, then scale, softmax, GEMM), so the results are identical; the
-// [B*heads, Lq, Lk] score tensor is never materialised at once (1 GiB for SD at 64x64 latents with guidance).
-at::Tensor scaled_attention_per_head(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) {
-  at::Tensor out = at::empty({q.size(0), q.size(1), v.size(2)}, q.options());
-  at::parallel_for(0, q.size(0), 1, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const at::Tensor probs = (at::mm(q[i], k[i].t()) * scale).softmax(-1);
-      at::Tensor slice = out[i];
-      at::mm_out(slice, probs, v[i]);
-    }
-  });
-  return out;
-}
-
-}  // namespace
-
 at::Tensor scaled_attention(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v, double scale,
                             bool upcast_attention, bool upcast_softmax) {
   const auto dtype = q_in.scalar_type();
-  if (!at::GradMode::is_enabled() && dtype == at::kFloat && q_in.size(0) > 1 &&
-      q_in.size(1) * k_in.size(1) >= (1 << 16))
-    return scaled_attention_per_head(q_in, k_in, v, scale);
+  // Inference at large sizes: the [B*heads, Lq, Lk] scores would be 1 GiB for SD at 64x64 latents with guidance.
+  if (!at::GradMode::is_enabled() && q_in.size(1) * k_in.size(1) >= (1 << 16))
+    return tiled_attention(q_in, k_in, v, scale, upcast_attention);
   at::Tensor q = upcast_attention ? q_in.to(at::kFloat) : q_in;
   at::Tensor k = upcast_attention ? k_in.to(at::kFloat) : k_in;
   at::Tensor scores;
@@ -198,9 +178,10 @@ at::Tensor AttentionImpl::forward(const at::Tensor& hidden, const at::Tensor& co
   at::Tensor v = to_v->forward(kv_input);
 
   const int64_t heads = options_.heads;
-  at::Tensor out =
-      scaled_attention(head_to_batch_dim(q, heads), head_to_batch_dim(k, heads), head_to_batch_dim(v, heads), scale_,
-                       options_.upcast_attention, options_.upcast_softmax);
+  const at::Tensor qh = head_to_batch_dim(q, heads), kh = head_to_batch_dim(k, heads), vh = head_to_batch_dim(v, heads);
+  at::Tensor out = memory_efficient_
+                       ? tiled_attention(qh, kh, vh, scale_, options_.upcast_attention)
+                       : scaled_attention(qh, kh, vh, scale_, options_.upcast_attention, options_.upcast_softmax);
   out = to_out_proj_->forward(batch_to_head_dim(out, heads));  // to_out.1 is Dropout(0)
 
   if (spatial) out = out.transpose(-1, -2).reshape({n, c, height, width});

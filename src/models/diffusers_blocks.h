@@ -30,6 +30,7 @@ at::Tensor layer_norm(const torch::nn::LayerNorm& norm, const at::Tensor& x);
 // Multi-head attention as diffusers' AttnProcessor computes it (torch 1.13 has no scaled_dot_product_attention):
 // scores = baddbmm(empty, q, kᵀ, beta=0, alpha=scale); softmax; bmm with v. `upcast_attention` computes the
 // scores from float32 q and k, `upcast_softmax` runs the softmax in float32; probabilities go back to q's dtype.
+// Inference (no grad) at large sizes runs models/tiled_attention.h instead, which never holds all the scores.
 // q: [B*heads, Lq, d], k, v: [B*heads, Lk, d] -> [B*heads, Lq, d]
 at::Tensor scaled_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                             bool upcast_attention, bool upcast_softmax);
@@ -108,6 +109,10 @@ class AttentionImpl : public torch::nn::Module {
   // hidden: [N, L, query_dim] or [N, C, H, W] (flattened to L = H*W tokens and restored);
   // context: [N, Lk, cross_attention_dim] or undefined (self-attention) -> same shape as hidden
   at::Tensor forward(const at::Tensor& hidden, const at::Tensor& context = {});
+  // Training too runs the tiled attention (models/tiled_attention.h): no probabilities kept for backward (512 MiB
+  // per SD-1.5 self-attention at 512² and batch 1), at the cost of a slower backward (diffusers'
+  // enable_xformers_memory_efficient_attention, in effect).
+  void set_memory_efficient(bool enabled) { memory_efficient_ = enabled; }
 
   torch::nn::GroupNorm group_norm{nullptr};
   Linear to_q{nullptr}, to_k{nullptr}, to_v{nullptr};
@@ -117,6 +122,7 @@ class AttentionImpl : public torch::nn::Module {
   AttentionOptions options_;
   Linear to_out_proj_{nullptr};
   double scale_;
+  bool memory_efficient_ = false;
 };
 TORCH_MODULE(Attention);
 

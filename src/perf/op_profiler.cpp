@@ -18,10 +18,12 @@ bool contains(const std::string& s, const char* part) { return s.find(part) != s
 
 // One open op on the profiled thread.
 struct Frame {
+  std::string name;
   OpClass op_class;
   Clock::time_point start;
   double children_s = 0;
   bool is_scope = false;
+  bool counts_flops = false;  // the FLOPs of everything inside were counted at this frame
 };
 
 struct State {
@@ -29,7 +31,8 @@ struct State {
   bool count_flops = false;
   std::vector<Frame> stack;
   std::map<OpClass, double> seconds;
-  int64_t flops = 0;
+  std::map<OpClass, int64_t> flops;
+  std::map<std::string, double> self_seconds_by_op;
   mutable std::mutex mutex;  // profile() may read from another thread
 };
 
@@ -41,18 +44,30 @@ int64_t product(at::IntArrayRef sizes) {
   return p;
 }
 
+int64_t conv_flops(at::IntArrayRef x, at::IntArrayRef w, const std::vector<int64_t>& stride,
+                   const std::vector<int64_t>& padding, const std::vector<int64_t>& dilation) {
+  // A one-element stride, padding or dilation applies to every spatial dimension (at::conv2d's defaults are {1}).
+  auto of_dim = [](const std::vector<int64_t>& v, size_t d) { return v.size() == 1 ? v[0] : v.at(d); };
+  int64_t out_pixels = 1;
+  for (size_t d = 0; d + 2 < x.size(); ++d)
+    out_pixels *=
+        (x[d + 2] + 2 * of_dim(padding, d) - of_dim(dilation, d) * (w[d + 2] - 1) - 1) / of_dim(stride, d) + 1;
+  return 2 * x[0] * product(w) * out_pixels;  // weight = [out, in / groups, k...]
+}
+
 // 2 x multiply-adds of the ops that carry a model's FLOPs, from their inputs.
 int64_t op_flops(const at::RecordFunction& fn) {
   const std::string name = fn.name();
   const auto inputs = fn.inputs();
   auto sizes = [&](size_t i) { return inputs[i].toTensor().sizes(); };
-  if (name == "aten::convolution" && inputs.size() >= 9 && inputs[0].isTensor() && inputs[1].isTensor()) {
-    const auto x = sizes(0), w = sizes(1);
-    const auto stride = inputs[3].toIntVector(), padding = inputs[4].toIntVector(), dilation = inputs[5].toIntVector();
-    int64_t out_pixels = 1;
-    for (size_t d = 0; d + 2 < x.size(); ++d)
-      out_pixels *= (x[d + 2] + 2 * padding[d] - dilation[d] * (w[d + 2] - 1) - 1) / stride[d] + 1;
-    return 2 * x[0] * product(w) * out_pixels;  // weight = [out, in / groups, k...]
+  if (name == "aten::convolution" && inputs.size() >= 9 && inputs[0].isTensor() && inputs[1].isTensor())
+    return conv_flops(sizes(0), sizes(1), inputs[3].toIntVector(), inputs[4].toIntVector(), inputs[5].toIntVector());
+  if (name == "aten::convolution_backward" && inputs.size() >= 11 && inputs[1].isTensor() && inputs[2].isTensor()) {
+    // (grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups, mask):
+    // the input gradient and the weight gradient each cost a forward.
+    const auto mask = inputs[10].toBoolList();
+    return conv_flops(sizes(1), sizes(2), inputs[4].toIntVector(), inputs[5].toIntVector(), inputs[6].toIntVector()) *
+           (int64_t{mask.get(0)} + int64_t{mask.get(1)});
   }
   if ((name == "aten::mm" || name == "aten::addmm") && inputs.size() >= 2) {
     const size_t a = name == "aten::mm" ? 0 : 1;
@@ -61,6 +76,11 @@ int64_t op_flops(const at::RecordFunction& fn) {
   if ((name == "aten::bmm" || name == "aten::baddbmm") && inputs.size() >= 2) {
     const size_t a = name == "aten::bmm" ? 0 : 1;
     return 2 * sizes(a)[0] * sizes(a)[1] * sizes(a)[2] * sizes(a + 1)[2];
+  }
+  if ((name == "sdtrain::attention" || name == "sdtrain::attention_backward") && inputs.size() >= 3) {
+    // q kᵀ and P v forward; backward twice that (dq and dk from dS, dP and dv).
+    const int64_t forward = 2 * sizes(0)[0] * sizes(0)[1] * sizes(1)[1] * (sizes(0)[2] + sizes(2)[2]);
+    return name == "sdtrain::attention" ? forward : 2 * forward;
   }
   return 0;
 }
@@ -79,8 +99,12 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
       c = f.op_class;
       break;
     }
-  state->stack.push_back({c, Clock::now(), 0, scope});
-  if (state->count_flops && fn.scope() == at::RecordScope::FUNCTION) state->flops += op_flops(fn);
+  bool inside_counted = false;
+  for (const Frame& f : state->stack) inside_counted |= f.counts_flops;
+  const bool counts = state->count_flops && !inside_counted && (scope || fn.scope() == at::RecordScope::FUNCTION);
+  const int64_t flops = counts ? op_flops(fn) : 0;
+  state->flops[c] += flops;
+  state->stack.push_back({name, c, Clock::now(), 0, scope, scope && flops > 0});
   return nullptr;
 }
 
@@ -93,6 +117,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   state->stack.pop_back();
   const double total = std::chrono::duration<double>(Clock::now() - f.start).count();
   state->seconds[f.op_class] += total - f.children_s;
+  state->self_seconds_by_op[f.name] += total - f.children_s;
   if (!state->stack.empty()) state->stack.back().children_s += total;
 }
 
@@ -116,6 +141,7 @@ OpClass classify_op(const std::string& name) {
   if (name == "sdtrain::optimizer") return OpClass::kOptimizer;
   if (name == "sdtrain::communication") return OpClass::kCommunication;
   if (name == "sdtrain::data_wait") return OpClass::kDataWait;
+  if (name == "sdtrain::attention" || name == "sdtrain::attention_backward") return OpClass::kAttention;
   if (contains(name, "conv") || contains(name, "Convolution")) return OpClass::kConv;
   if (contains(name, "bmm") || contains(name, "softmax") || contains(name, "Softmax")) return OpClass::kAttention;
   if (name == "aten::mm" || name == "aten::addmm" || name == "aten::linear" || name == "aten::matmul" ||
@@ -149,7 +175,11 @@ OpProfile OpProfiler::profile() const {
   std::lock_guard<std::mutex> lock(state->mutex);
   OpProfile p;
   for (const auto& [c, s] : state->seconds) p.seconds[op_class_name(c)] = s;
-  p.matmul_flops = state->flops;
+  p.self_seconds_by_op = state->self_seconds_by_op;
+  for (const auto& [c, f] : state->flops) {
+    if (f > 0) p.flops[op_class_name(c)] = f;
+    p.matmul_flops += f;
+  }
   return p;
 }
 

@@ -1,4 +1,5 @@
-// Where the time of a training step goes, by op class, and how many matmul/convolution FLOPs it really ran, from
+// Where the time of a training step goes, by op class, and how many matmul/convolution FLOPs each class really ran
+// (forward and backward; model FLOPs, so attention's recomputation in backward is not counted), from
 // LibTorch's RecordFunction hooks on the thread that started the profiler:
 //   conv, linear, attention (bmm, baddbmm, softmax), norm, elementwise (everything else LibTorch runs),
 //   optimizer (AdamW and EMA), communication (waiting for collectives), data wait (waiting for the loader)
@@ -20,12 +21,16 @@ const char* op_class_name(OpClass c);
 OpClass classify_op(const std::string& name);
 
 // Marks a region of sdtrain's own code for the profiler (a RecordFunction user scope; free when no profiler runs).
-// The names are the classes: "sdtrain::optimizer", "sdtrain::communication", "sdtrain::data_wait".
+// The names are the classes: "sdtrain::optimizer", "sdtrain::communication", "sdtrain::data_wait", and
+// "sdtrain::attention" / "sdtrain::attention_backward" around models/tiled_attention.h, whose GEMMs run on every
+// thread (the scope's inputs q, k, v give its FLOPs; the GEMMs inside are not counted again).
 #define SD_PERF_SCOPE(name) RECORD_USER_SCOPE(name)
 
 struct OpProfile {
-  std::map<std::string, double> seconds;  // by op class name
-  int64_t matmul_flops = 0;               // 2 x multiply-adds of convolutions and (batched) matrix products
+  std::map<std::string, double> seconds;             // by op class name
+  int64_t matmul_flops = 0;                          // 2 x multiply-adds of convolutions and (batched) matrix products
+  std::map<std::string, int64_t> flops;              // matmul_flops by op class name
+  std::map<std::string, double> self_seconds_by_op;  // each op's own time (its children's excluded), by op name
 };
 
 // Records while alive (one at a time); profile() reads what was recorded so far.

@@ -143,14 +143,12 @@ TEST_F(TextualInversionE2E, NoSafeSerializationWritesTorchSaveFiles) {
 
 TEST_F(TextualInversionE2E, PythonOnlyFlagsAreAcceptedWithANote) {
   auto r = run_command(sdtrain(train_args(out_.path(),
-                                          "--max_train_steps=1 --push_to_hub --hub_token=abc "
-                                          "--enable_xformers_memory_efficient_attention --allow_tf32 "
+                                          "--max_train_steps=1 --push_to_hub --hub_token=abc --allow_tf32 "
                                           "--revision=main --mixed_precision=fp16")));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   // --revision is a real flag, which a local folder ignores (as diffusers does).
   EXPECT_EQ(r.output.find("--revision"), std::string::npos) << r.output;
-  for (const char* flag :
-       {"--push_to_hub", "--hub_token", "--enable_xformers_memory_efficient_attention", "--allow_tf32"})
+  for (const char* flag : {"--push_to_hub", "--hub_token", "--allow_tf32"})
     EXPECT_NE(r.output.find(std::string("sdtrain: note: ") + flag), std::string::npos) << flag << "\n" << r.output;
   EXPECT_NE(r.output.find("--mixed_precision fp16: CPUs have no fast float16 kernels"), std::string::npos) << r.output;
 }

@@ -98,6 +98,17 @@ TEST(TrainE2E, ReplaysTheReferenceRunOnOneRank) {
   EXPECT_TRUE(at::equal(unet.at("conv_in.weight"), replay.at("final.ema.conv_in.weight")));
 }
 
+TEST(TrainE2E, ReplaysTheReferenceRunWithMemoryEfficientAttention) {
+  // The tiled attention (backward recomputes the probabilities) trains what diffusers' attention trains.
+  sd::test::TempDir out;
+  auto flags = replay_flags(out.path(), 2);
+  flags.push_back("--enable_xformers_memory_efficient_attention");
+  auto r = sd::test::run_process(train_command(flags), 300s);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("note: --enable_xformers"), std::string::npos) << r.output;
+  expect_replay_matches(out.path());
+}
+
 TEST(TrainE2E, ReplaysTheReferenceRunOnTwoRanks) {
   for (const char* sharding : {"no_shard", "shard_grad_op"}) {
     sd::test::TempDir out;

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "model_test_util.h"
+#include "models/tiled_attention.h"
 
 namespace sd::models {
 namespace {
@@ -18,23 +19,28 @@ at::Tensor reference_attention(const at::Tensor& q, const at::Tensor& k, const a
 
 TEST(ScaledAttention, SmallShapesNeverPickUpGarbage) {
   // LibTorch 1.13's small baddbmm kernel reads its uninitialised output; freshly freed NaN-filled buffers of the
-  // same size make that visible within a few calls.
-  for (auto dtype : {at::kFloat, at::kDouble, at::kBFloat16}) {
-    for (auto shape : std::vector<std::array<int64_t, 3>>{{9, 3, 7}, {3, 8, 3}, {7, 8, 7}, {16, 8, 77}}) {
-      SCOPED_TRACE(c10::toString(dtype));
-      const auto [lq, d, lk] = shape;
-      for (int rep = 0; rep < 50; ++rep) {
-        { at::Tensor poison = at::full({4, lq, lk}, NAN, dtype); }
-        at::Tensor q = at::randn({4, lq, d}).to(dtype), k = at::randn({4, lk, d}).to(dtype);
-        at::Tensor v = at::randn({4, lk, d}).to(dtype);
-        const double scale = std::pow(static_cast<double>(d), -0.5);
-        at::Tensor out = scaled_attention(q, k, v, scale, false, false);
-        ASSERT_TRUE(at::isfinite(out).all().item<bool>()) << lq << "x" << d << "x" << lk << " rep " << rep;
-        const double tol = dtype == at::kBFloat16 ? sd::test::bf16_tolerance(3e-2) : dtype == at::kFloat ? 1e-5 : 1e-12;
-        ASSERT_TRUE(sd::test::close_rel_max(out, reference_attention(q, k, v, scale), tol));
+  // same size make that visible within a few calls. The tiled attention allocates its output uninitialised too.
+  for (const bool tiled : {false, true})
+    for (auto dtype : {at::kFloat, at::kDouble, at::kBFloat16}) {
+      for (auto shape : std::vector<std::array<int64_t, 3>>{{9, 3, 7}, {3, 8, 3}, {7, 8, 7}, {16, 8, 77}}) {
+        SCOPED_TRACE(::testing::Message() << c10::toString(dtype) << (tiled ? " tiled" : " plain"));
+        const auto [lq, d, lk] = shape;
+        for (int rep = 0; rep < 50; ++rep) {
+          { at::Tensor poison = at::full({4, lq, lk}, NAN, dtype); }
+          at::Tensor q = at::randn({4, lq, d}).to(dtype), k = at::randn({4, lk, d}).to(dtype);
+          at::Tensor v = at::randn({4, lk, d}).to(dtype);
+          const double scale = std::pow(static_cast<double>(d), -0.5);
+          { at::Tensor poison = at::full({4, lq, d}, NAN, dtype); }
+          at::Tensor out =
+              tiled ? tiled_attention(q, k, v, scale, false) : scaled_attention(q, k, v, scale, false, false);
+          ASSERT_TRUE(at::isfinite(out).all().item<bool>()) << lq << "x" << d << "x" << lk << " rep " << rep;
+          const double tol = dtype == at::kBFloat16 ? sd::test::bf16_tolerance(3e-2)
+                             : dtype == at::kFloat  ? 1e-5
+                                                    : 1e-12;
+          ASSERT_TRUE(sd::test::close_rel_max(out, reference_attention(q, k, v, scale), tol));
+        }
       }
     }
-  }
 }
 
 TEST(ScaledAttention, UpcastComputesScoresAndSoftmaxInFloat32) {
@@ -55,16 +61,17 @@ TEST(ScaledAttention, UpcastComputesScoresAndSoftmaxInFloat32) {
       at::equal(scaled_attention(qf, kf, vf, 0.25, true, true), scaled_attention(qf, kf, vf, 0.25, false, false)));
 }
 
-TEST(ScaledAttention, Float32InferenceSplitPerHeadIsIdenticalToTheBatchedPath) {
+TEST(ScaledAttention, LargeInferenceTakesTheTiledPath) {
   at::manual_seed(3);
   at::Tensor q = at::randn({6, 300, 8}), k = at::randn({6, 260, 8}), v = at::randn({6, 260, 8});
   at::Tensor batched = scaled_attention(q, k, v, 0.35, false, false);  // grad mode on: the batched path
-  at::Tensor split;
+  at::Tensor tiled;
   {
-    at::NoGradGuard inference;  // large float32 inference: one head per task
-    split = scaled_attention(q, k, v, 0.35, false, false);
+    at::NoGradGuard inference;
+    tiled = scaled_attention(q, k, v, 0.35, false, false);
   }
-  EXPECT_TRUE(at::equal(batched, split));
+  EXPECT_TRUE(at::equal(tiled, tiled_attention(q, k, v, 0.35, false)));
+  EXPECT_TRUE(sd::test::close_rel_max(tiled, batched, 1e-5));  // float32, different summation order
 }
 
 TEST(Norms, Bf16RunsInFloat32AndFloat32IsUntouched) {

@@ -2,6 +2,7 @@
 // products of a real forward pass perform, counted from their shapes as they run.
 #include <gtest/gtest.h>
 
+#include "models/tiled_attention.h"
 #include "models/unet/unet_2d_condition.h"
 #include "perf/op_profiler.h"
 #include "test_util.h"
@@ -21,6 +22,7 @@ TEST(UNetFlops, AnalyticCountEqualsWhatAForwardPassRuns) {
       perf::OpProfiler profiler(/*count_flops=*/true);
       unet->forward(sample, at::tensor({int64_t{1}, int64_t{500}}), context);
       EXPECT_EQ(count_forward_flops(c, 2, h, w, 77), profiler.profile().matmul_flops) << h << "x" << w;
+      for (auto& [k, v] : profiler.profile().flops) std::cout << "DBG " << k << " " << v << "\n";
     }
   }
 }
@@ -29,6 +31,23 @@ TEST(UNetFlops, StableDiffusion15MatchesTheMeasuredFigures) {
   // DESIGN.md: SD-1.5's UNet forward costs 0.180 TFLOP at 32x32 latents and 0.803 TFLOP at 64x64.
   EXPECT_NEAR(count_forward_flops(UNetConfig::sd15(), 1, 32, 32) / 1e12, 0.180, 0.0015);
   EXPECT_NEAR(count_forward_flops(UNetConfig::sd15(), 1, 64, 64) / 1e12, 0.803, 0.004);
+}
+
+TEST(OpProfiler, BackwardCostsTwiceTheForwardForConvolutionsAndTiledAttention) {
+  const at::Tensor x = at::randn({2, 8, 40, 40}).requires_grad_(), w = at::randn({8, 8, 3, 3}).requires_grad_();
+  const at::Tensor q = at::randn({4, 50, 8}).requires_grad_(), k = at::randn({4, 30, 8}).requires_grad_(),
+                   v = at::randn({4, 30, 8}).requires_grad_();
+  perf::OpProfiler profiler(/*count_flops=*/true);
+  const at::Tensor y = at::conv2d(x, w, {}, /*stride=*/1, /*padding=*/1);  // at::conv2d's one-element defaults
+  const int64_t conv_forward = 2 * 2 * 8 * 8 * 9 * 40 * 40;
+  const at::Tensor a = tiled_attention(q, k, v, 0.3, false);
+  const int64_t attention_forward = 2 * 4 * 50 * 30 * (8 + 8);
+  EXPECT_EQ(profiler.profile().flops.at("conv"), conv_forward);
+  EXPECT_EQ(profiler.profile().flops.at("attention"), attention_forward);
+  (y.sum() + a.sum()).backward();
+  EXPECT_EQ(profiler.profile().flops.at("conv"), 3 * conv_forward);
+  EXPECT_EQ(profiler.profile().flops.at("attention"), 3 * attention_forward);
+  EXPECT_EQ(profiler.profile().flops.count("linear"), 0u) << "the tiled attention's own GEMMs are not counted again";
 }
 
 TEST(OpProfiler, ClassifiesOpsAndScopes) {

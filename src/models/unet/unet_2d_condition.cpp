@@ -124,6 +124,11 @@ std::vector<at::Tensor> params_of(const nn::Module& m) {
 }
 }  // namespace
 
+void UNet2DConditionModelImpl::set_memory_efficient_attention(bool enabled) {
+  for (const auto& module : modules())
+    if (auto* attention = dynamic_cast<AttentionImpl*>(module.get())) attention->set_memory_efficient(enabled);
+}
+
 std::vector<at::Tensor> UNet2DConditionModelImpl::run_down(size_t i, const at::Tensor& h, const at::Tensor& temb,
                                                            const at::Tensor& context) {
   UNetDownBlock block = down_[i];

@@ -42,6 +42,8 @@ class UNet2DConditionModelImpl : public torch::nn::Module {
   // Recompute each down/mid/up block in the backward pass instead of storing its activations.
   void set_gradient_checkpointing(bool enabled) { gradient_checkpointing_ = enabled; }
   bool gradient_checkpointing() const { return gradient_checkpointing_; }
+  // Every attention layer trains with the tiled attention (AttentionImpl::set_memory_efficient).
+  void set_memory_efficient_attention(bool enabled);
 
   const UNetConfig& config() const { return config_; }
 

@@ -138,6 +138,7 @@ TextualInversionTask::TextualInversionTask(const TextualInversionOptions& o, Run
                                                  pipe_->scheduler_config.prediction_type, first_placeholder_,
                                                  o.num_vectors);
   pipe_->unet->set_gradient_checkpointing(o.gradient_checkpointing);
+  pipe_->unet->set_memory_efficient_attention(o.memory_efficient_attention);
 }
 
 const models::DiagonalGaussian& TextualInversionTask::posterior(int64_t image, bool flip) {

@@ -24,6 +24,7 @@ struct TextualInversionOptions {
   int resolution = 512;
   bool center_crop = false;
   bool gradient_checkpointing = false;
+  bool memory_efficient_attention = false;
   int64_t save_steps = 500;
   bool save_as_full_pipeline = false;
   bool no_safe_serialization = false;

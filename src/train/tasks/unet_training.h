@@ -19,6 +19,7 @@ struct UNetTrainingOptions {
   data::TrainingDataOptions data;
   pipeline::ModelRequest model;  // --pretrained_model_name_or_path, --revision, --variant, --config_from
   bool gradient_checkpointing = false;
+  bool memory_efficient_attention = false;
   std::optional<double> snr_gamma;
   double noise_offset = 0;
   double input_perturbation = 0;

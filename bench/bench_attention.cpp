@@ -1,0 +1,85 @@
+// Attention at Stable Diffusion's shapes: the plain path (baddbmm, softmax, bmm, as diffusers' AttnProcessor) against
+// models/tiled_attention.h, forward alone and forward + backward, with what each keeps for backward. One JSON line
+// per case and path.
+//   bench_attention [--threads N] [--dtype float32|bf16]
+#include <torch/csrc/autograd/autograd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "bench_util.h"
+#include "core/threads.h"
+#include "models/tiled_attention.h"
+
+namespace {
+
+struct Case {
+  std::string name;
+  int64_t slices, lq, lk, d;  // slices = batch x heads
+};
+
+at::Tensor plain_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) {
+  at::Tensor scores = at::baddbmm(at::empty({q.size(0), q.size(1), k.size(1)}, q.options()), q, k.transpose(1, 2),
+                                  /*beta=*/0, /*alpha=*/scale);
+  return at::bmm(scores.to(at::kFloat).softmax(-1).to(v.scalar_type()), v);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int threads = 2;
+  at::ScalarType dtype = at::kFloat;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--dtype")) dtype = std::string(argv[i + 1]) == "bf16" ? at::kBFloat16 : at::kFloat;
+  }
+  sd::set_compute_threads(threads);
+  const std::vector<Case> cases = {
+      {"sd15-256 self 32x32", 8, 1024, 1024, 40}, {"sd15-256 cross 32x32", 8, 1024, 77, 40},
+      {"sd15-256 self 16x16", 8, 256, 256, 80},   {"sd15-512 self 64x64", 8, 4096, 4096, 40},
+      {"sd2-512 self 64x64", 5, 4096, 4096, 64},  {"sd2-512 self 32x32", 10, 1024, 1024, 64},
+      {"tiny self 32x32 x2", 4, 1024, 1024, 8},
+  };
+  for (const Case& c : cases) {
+    at::manual_seed(0);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.d));
+    const at::Tensor q = at::randn({c.slices, c.lq, c.d}).to(dtype), k = at::randn({c.slices, c.lk, c.d}).to(dtype),
+                     v = at::randn({c.slices, c.lk, c.d}).to(dtype), d_out = at::randn({c.slices, c.lq, c.d}).to(dtype);
+    const double gemm_flops = 4.0 * c.slices * c.lq * c.lk * c.d;  // q kᵀ and P v
+    using Fn = at::Tensor (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&, double);
+    const std::vector<std::pair<std::string, Fn>> paths = {
+        {"plain", plain_attention},
+        {"tiled", [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double s) {
+           return sd::models::tiled_attention(q, k, v, s, false);
+         }}};
+    for (const auto& [path, fn] : paths) {
+      const auto forward = sd::bench::time_it(
+          [&] {
+            at::NoGradGuard no_grad;
+            fn(q, k, v, scale);
+          },
+          1, 5);
+      const auto training = sd::bench::time_it(
+          [&] {
+            const at::Tensor qg = q.detach().requires_grad_(), kg = k.detach().requires_grad_(),
+                             vg = v.detach().requires_grad_();
+            torch::autograd::backward({fn(qg, kg, vg, scale)}, {d_out});
+          },
+          1, 5);
+      const int64_t kept = path == "plain" ? c.slices * c.lq * c.lk * static_cast<int64_t>(v.element_size()) : 0;
+      const nlohmann::json line = {{"case", c.name},
+                                   {"path", path},
+                                   {"dtype", c10::toString(dtype)},
+                                   {"forward", sd::bench::timing_json(forward)},
+                                   {"forward_gflops", gemm_flops / forward.median_s / 1e9},
+                                   {"forward_backward", sd::bench::timing_json(training)},
+                                   {"forward_backward_model_gflops", 3 * gemm_flops / training.median_s / 1e9},
+                                   {"kept_for_backward_bytes_beyond_qkv", kept}};
+      std::printf("%s\n", line.dump().c_str());
+      std::fflush(stdout);
+    }
+  }
+}
