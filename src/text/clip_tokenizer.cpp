@@ -381,8 +381,9 @@ ClipTokenizer ClipTokenizer::load(const fs::path& dir) {
     for (const auto& [content, id] : legacy.items()) {
       SD_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0, "{}: key '{}' must be a non-negative integer id",
                added_file.string(), content);
-      const bool id_taken = std::any_of(tok.added_.begin(), tok.added_.end(),
-                                        [&](const auto& p) { return p.first == id.get<int64_t>(); });
+      const int64_t wanted = id.get<int64_t>();  // a copy: C++17 lambdas cannot capture structured bindings
+      const bool id_taken =
+          std::any_of(tok.added_.begin(), tok.added_.end(), [&](const auto& p) { return p.first == wanted; });
       if (tok.added_encoder_.count(content) || id_taken || content.empty()) continue;
       AddedToken t;
       t.content = content;
