@@ -38,7 +38,7 @@ int run_convert(const ConvertOptions& o) {
   SD_CHECK(!single_file || o.variant.empty(), "--variant names the files of a pipeline folder; {} is a single file",
            o.output);
   const fs::path out_dir = single_file ? fs::path(o.output).parent_path() : fs::path(o.output);
-  io::prepare_output_dir("OUTPUT", out_dir.empty() ? fs::path(".") : out_dir);
+  io::check_output_dir("OUTPUT", out_dir.empty() ? fs::path(".") : out_dir);
   const pipeline::ModelSource source = pipeline::resolve_model(o.input);
   pipeline::StableDiffusion pipe = pipeline::load_pipeline(source);
   if (single_file)

@@ -174,7 +174,7 @@ int run_generate(GenerateOptions o) {
 
   // Cheap checks first, so a typo fails before the weights load.
   check_flag_combinations(o);
-  if (!o.output_dir.empty()) io::prepare_output_dir("--output_dir", o.output_dir);
+  if (!o.output_dir.empty()) io::check_output_dir("--output_dir", o.output_dir);
   const pipeline::PipelineConfigs configs = pipeline::read_configs(source);
   std::unique_ptr<schedulers::Scheduler> scheduler = make_run_scheduler(configs.scheduler, o);
   SD_CHECK(o.num_inference_steps >= 1, "--num_inference_steps must be >= 1, got {}", o.num_inference_steps);

@@ -22,7 +22,7 @@ int run_init(const InitOptions& o) {
   const at::ScalarType dtype = o.save_dtype == "float16"    ? at::kHalf
                                : o.save_dtype == "bfloat16" ? at::kBFloat16
                                                             : at::kFloat;
-  io::prepare_output_dir("--out", o.out);
+  io::check_output_dir("--out", o.out);
   pipeline::write_preset(o.preset, o.seed, o.out, dtype);
   std::printf("%s\n", o.out.c_str());
   return 0;

@@ -56,14 +56,6 @@ std::optional<long> temporary_pid(const std::string& name) {
   return std::nullopt;
 }
 
-// " (out is a file)" for the first existing ancestor of `path` that is not a folder.
-std::string blocking_file_hint(const fs::path& path) {
-  std::error_code ec;
-  for (fs::path p = path; !p.empty() && p != p.parent_path(); p = p.parent_path())
-    if (fs::exists(p, ec)) return fs::is_directory(p, ec) ? "" : fmt::format(" ({} is a file)", p.string());
-  return "";
-}
-
 }  // namespace
 
 FileWriter::FileWriter(const fs::path& path, const fs::path& name, bool append) : name_(name.empty() ? path : name) {
@@ -193,15 +185,23 @@ void write_directory_atomically(const fs::path& dir, const std::function<void(co
   }
 }
 
-void prepare_output_dir(const std::string& flag, const fs::path& dir) {
+void check_output_dir(const std::string& flag, const fs::path& dir) {
   std::error_code ec;
   if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) fail("{} {}: is a file, not a folder", flag, dir.string());
-  fs::create_directories(dir, ec);
-  if (ec) fail("{} {}: cannot create the folder: {}{}", flag, dir.string(), ec.message(), blocking_file_hint(dir));
+  // Nothing is created: a command that fails later leaves no empty folder. The probe goes where the folder is, or
+  // into its deepest existing ancestor, which is where it would be created.
+  const bool exists = fs::is_directory(dir, ec);
+  fs::path where = dir;
+  while (!exists && !where.empty() && !fs::exists(where, ec) && where != where.parent_path())
+    where = where.parent_path();
+  if (where.empty()) where = ".";
+  const std::string cannot = exists ? "cannot write there" : "cannot create the folder";
+  if (!fs::is_directory(where, ec))
+    fail("{} {}: {}: {} ({} is a file)", flag, dir.string(), cannot, std::strerror(ENOTDIR), where.string());
   // A block, not just a name: a full file system still has room for an empty file.
-  const fs::path probe = temporary_name(dir / ".sdtrain-write-test");
+  const fs::path probe = temporary_name(where / ".sdtrain-write-test");
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) fail("{} {}: cannot write there: {}", flag, dir.string(), std::strerror(errno));
+  if (fd < 0) fail("{} {}: {}: {}", flag, dir.string(), cannot, std::strerror(errno));
   const std::string block(4096, '\0');
   const ssize_t written = ::write(fd, block.data(), block.size());
   const int write_errno = errno;

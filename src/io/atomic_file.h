@@ -61,10 +61,11 @@ void recover_interrupted_writes(const std::filesystem::path& folder,
 // removed), so that a test can end the process there as a kill would. Null in normal runs.
 extern void (*replace_directory_step_hook)(int step);
 
-// Creates `dir` (and its parents) if needed and checks that a file can be written in it, so that an unusable
-// output location stops a command before any work, with the flag and the OS's reason, e.g.
+// Checks that `dir` is a folder or can be created, and that a file can be written there, without creating anything
+// (a command that fails later leaves no empty folder), so that an unusable output location stops a command before
+// any work, with the flag and the OS's reason, e.g.
 // "--output_dir out/x: cannot create the folder: Not a directory (out is a file)".
-void prepare_output_dir(const std::string& flag, const std::filesystem::path& dir);
+void check_output_dir(const std::string& flag, const std::filesystem::path& dir);
 
 // One line for a std::filesystem error: "<path>: <what failed>: <OS reason>".
 std::string describe(const std::filesystem::filesystem_error& e);

@@ -88,7 +88,7 @@ RunContext start_run(const TrainerOptions& o) {
   log::set_rank(context.comm->rank(), context.comm->world_size());
   // Every rank writes its part of each checkpoint there; after the rendezvous, so that the others hear of a failure
   // at once instead of waiting for this rank to join.
-  if (!o.measure_only && !o.output_dir.empty()) io::prepare_output_dir("--output_dir", o.output_dir);
+  if (!o.measure_only && !o.output_dir.empty()) io::check_output_dir("--output_dir", o.output_dir);
   context.layout = {o.train_batch_size, accumulation_for(o, context.comm->world_size()), context.comm->world_size()};
   // Every rank must use the same seed: rank 0 draws one when none is given.
   at::Tensor seed = at::tensor(static_cast<int64_t>(o.seed.value_or(std::random_device{}() & 0x7fffffff)), at::kLong);

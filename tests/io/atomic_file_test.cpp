@@ -139,26 +139,27 @@ TEST(AtomicFile, OutputFolderProblemsNameTheFlagAndTheReason) {
   sd::test::TempDir dir;
   std::ofstream(dir.path() / "file") << "x";
   const std::string in_the_way = (dir.path() / "file").string();
-  EXPECT_EQ(sd::test::error_of([&] { prepare_output_dir("--output_dir", dir.path() / "file" / "out"); }),
+  EXPECT_EQ(sd::test::error_of([&] { check_output_dir("--output_dir", dir.path() / "file" / "out"); }),
             fmt::format("--output_dir {}/out: cannot create the folder: Not a directory ({} is a file)", in_the_way,
                         in_the_way));
-  EXPECT_EQ(sd::test::error_of([&] { prepare_output_dir("--out", dir.path() / "file"); }),
+  EXPECT_EQ(sd::test::error_of([&] { check_output_dir("--out", dir.path() / "file"); }),
             fmt::format("--out {}: is a file, not a folder", in_the_way));
-  EXPECT_EQ(sd::test::error_of([&] { prepare_output_dir("--output_dir", dir.path() / "new" / "deep"); }), "");
-  EXPECT_TRUE(fs::is_empty(dir.path() / "new" / "deep"));  // the write probe is gone
+  EXPECT_EQ(sd::test::error_of([&] { check_output_dir("--output_dir", dir.path() / "new" / "deep"); }), "");
+  EXPECT_TRUE(fs::is_empty(dir.path()));  // nothing created: a command failing later leaves no empty folder
 }
 
 TEST(AtomicFile, FullAndReadOnlyFileSystemsAreNamed) {
   sd::test::TempDir dir;
   sd::test::Tmpfs small(dir.path() / "small", "size=64k");
   if (!small.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (" << small.error() << ")";
+  const fs::path full = dir.path() / "small" / "out";
+  fs::create_directories(full);
   // Fill it: the probe's block no longer fits.
   {
     std::ofstream fill(dir.path() / "small" / "filler", std::ios::binary);
     fill << std::string(64 * 1024, 'x');
   }
-  const fs::path full = dir.path() / "small" / "out";
-  EXPECT_EQ(sd::test::error_of([&] { prepare_output_dir("--output_dir", full); }),
+  EXPECT_EQ(sd::test::error_of([&] { check_output_dir("--output_dir", full); }),
             fmt::format("--output_dir {}: cannot write there: No space left on device", full.string()));
   fs::remove(dir.path() / "small" / "filler");
   EXPECT_EQ(
@@ -171,10 +172,10 @@ TEST(AtomicFile, FullAndReadOnlyFileSystemsAreNamed) {
   EXPECT_EQ(leftovers(dir.path() / "small", {"out"}), std::vector<std::string>{});  // no temporary file either
 
   ASSERT_TRUE(small.remount_read_only());
-  EXPECT_EQ(sd::test::error_of([&] { prepare_output_dir("--output_dir", dir.path() / "small" / "ro"); }),
+  EXPECT_EQ(sd::test::error_of([&] { check_output_dir("--output_dir", dir.path() / "small" / "ro"); }),
             fmt::format("--output_dir {}: cannot create the folder: Read-only file system",
                         (dir.path() / "small" / "ro").string()));
-  EXPECT_EQ(sd::test::error_of([&] { prepare_output_dir("--output_dir", full); }),
+  EXPECT_EQ(sd::test::error_of([&] { check_output_dir("--output_dir", full); }),
             fmt::format("--output_dir {}: cannot write there: Read-only file system", full.string()));
 }
 
