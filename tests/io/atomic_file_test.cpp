@@ -145,7 +145,8 @@ TEST(AtomicFile, OutputFolderProblemsNameTheFlagAndTheReason) {
   EXPECT_EQ(sd::test::error_of([&] { check_output_dir("--out", dir.path() / "file"); }),
             fmt::format("--out {}: is a file, not a folder", in_the_way));
   EXPECT_EQ(sd::test::error_of([&] { check_output_dir("--output_dir", dir.path() / "new" / "deep"); }), "");
-  EXPECT_TRUE(fs::is_empty(dir.path()));  // nothing created: a command failing later leaves no empty folder
+  // Nothing created (a command failing later leaves no empty folder), and the write probe is gone.
+  EXPECT_EQ(leftovers(dir.path(), {"file"}), std::vector<std::string>{});
 }
 
 TEST(AtomicFile, FullAndReadOnlyFileSystemsAreNamed) {
