@@ -6,11 +6,15 @@
 #include "models/unet/unet_2d_condition.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <sys/mount.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <random>
 
@@ -59,6 +63,33 @@ void write_captioned_images(const std::filesystem::path& dir, int count) {
     write_pattern_png(stem.string() + ".png", 40 + 4 * (i % 5), 36 + 8 * (i % 3), 3 + i);
     std::ofstream(stem.string() + ".txt") << "a pattern number " << i << "\n";
   }
+}
+
+Tmpfs::Tmpfs(const std::filesystem::path& at, const std::string& options) : at_(at) {
+  std::filesystem::create_directories(at);
+  mounted_ = mount("tmpfs", at.c_str(), "tmpfs", 0, options.c_str()) == 0;
+  if (!mounted_) error_ = std::strerror(errno);
+}
+
+Tmpfs::~Tmpfs() {
+  if (mounted_) umount2(at_.c_str(), MNT_DETACH);
+}
+
+bool Tmpfs::remount_read_only() { return mount("tmpfs", at_.c_str(), "tmpfs", MS_REMOUNT | MS_RDONLY, nullptr) == 0; }
+
+int dead_pid() {
+  const pid_t child = fork();
+  if (child == 0) _exit(0);
+  waitpid(child, nullptr, 0);
+  return child;
+}
+
+std::vector<std::string> tiny_training_command(const std::string& subcommand, const std::vector<std::string>& args) {
+  std::vector<std::string> command = {sdtrain_binary(), subcommand,
+                                      "--pretrained_model_name_or_path=" + (fixtures() / "tiny-sd1").string(),
+                                      "--threads=1"};
+  command.insert(command.end(), args.begin(), args.end());
+  return command;
 }
 
 CommandResult run_command(const std::string& command) {

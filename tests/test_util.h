@@ -56,6 +56,31 @@ class TempDir {
   std::filesystem::path path_;
 };
 
+// A small tmpfs mounted at `at` for the life of the object, when this process may mount (root in most CI
+// containers): a file system that fills up or turns read-only on demand. Check mounted() and skip otherwise.
+class Tmpfs {
+ public:
+  Tmpfs(const std::filesystem::path& at, const std::string& options);
+  ~Tmpfs();
+  Tmpfs(const Tmpfs&) = delete;
+  Tmpfs& operator=(const Tmpfs&) = delete;
+  bool mounted() const { return mounted_; }
+  const std::string& error() const { return error_; }  // why mounting failed
+  bool remount_read_only();
+
+ private:
+  std::filesystem::path at_;
+  bool mounted_ = false;
+  std::string error_;
+};
+
+// A pid that no process has (one that just ended), for leftovers of a dead process.
+int dead_pid();
+
+// `sdtrain SUBCOMMAND --pretrained_model_name_or_path=<fixtures>/tiny-sd1 --threads=1 ARGS...`: a training
+// command on the tiny fixture pipeline.
+std::vector<std::string> tiny_training_command(const std::string& subcommand, const std::vector<std::string>& args);
+
 // Runs a shell command, returns {exit code, stdout+stderr}.
 struct CommandResult {
   int exit_code;

@@ -327,29 +327,29 @@ void add_benchmark(CLI::App& app, std::function<int()>& chosen) {
   add_model_flags(cmd, "--model", o->model, "Options");
   flag(cmd, "--preset", o->preset, "Architecture of the random pipeline used without --model")
       ->check(CLI::IsMember(pipeline::preset_names()));
-  flag(cmd, "--resolution", o->resolution, "Image size");
+  flag(cmd, "--resolution", o->resolution, "Image size")->check(in_range(8, 16384));
   flag(cmd, "--train_batch_size", o->train_batch_size, "Images per rank per step (generate: images per prompt)")
-      ->check(CLI::PositiveNumber);
+      ->check(in_range(1, 65536));
   flag(cmd, "--mixed_precision", o->mixed_precision, "no or bf16")->check(CLI::IsMember({"no", "bf16"}));
-  flag(cmd, "--steps", o->steps, "Measured steps (generate: --num_inference_steps)")->check(CLI::PositiveNumber);
-  flag(cmd, "--warmup", o->warmup, "Untimed steps first")->check(CLI::NonNegativeNumber);
+  flag(cmd, "--steps", o->steps, "Measured steps (generate: --num_inference_steps)")->check(in_range(1, 10000));
+  flag(cmd, "--warmup", o->warmup, "Untimed steps first")->check(in_range(0, 10000));
   flag(cmd, "--gradient_accumulation_steps", o->gradient_accumulation_steps, "Micro-batches per rank per step")
-      ->check(CLI::PositiveNumber);
+      ->check(in_range(1, 65536));
   flag(cmd, "--sharding", o->sharding, "no_shard or shard_grad_op (training)")
       ->check(CLI::IsMember({"no_shard", "shard_grad_op"}));
   flag(cmd, "--bucket_cap_mb", o->bucket_cap_mb, "MiB of float32 gradients per communication bucket (training)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number());
   add_unet_memory_flags(cmd, o->gradient_checkpointing, o->memory_efficient_attention, "Options");
   flag(cmd, "--lora_rank", o->lora_rank,
        "unet: train LoRA adapters of this rank (diffusers' defaults) instead of the UNet")
-      ->check(CLI::PositiveNumber);
+      ->check(in_range(1, 4096));
   flag(cmd, "--data", o->data, "unet: latents (the UNet alone) or images (VAE and text encoder too, on random images)")
       ->check(CLI::IsMember({"latents", "images"}));
-  flag(cmd, "--num_inference_steps", o->num_inference_steps, "generate: denoising steps")->check(CLI::PositiveNumber);
+  flag(cmd, "--num_inference_steps", o->num_inference_steps, "generate: denoising steps")->check(in_range(1, 10000));
   cmd->add_flag("--profile,!--no_profile", o->profile, "Time by op class (LibTorch's RecordFunction hooks)")
       ->capture_default_str();
   flag(cmd, "--threads", o->threads, "Intra-op threads per rank (default: cores / ranks on this node)")
-      ->check(CLI::PositiveNumber);
+      ->check(in_range(1, 1024));
   flag(cmd, "--dist_timeout", o->dist_timeout_s, "Seconds before a lost or hung peer ends the run");
   cmd->callback([o, &chosen] { chosen = [o] { return run_benchmark(*o); }; });
 }

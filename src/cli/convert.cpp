@@ -8,6 +8,7 @@
 #include "cli/flags.h"
 #include "cli/model_flags.h"
 #include "core/error.h"
+#include "io/atomic_file.h"
 #include "pipeline/model_source.h"
 #include "pipeline/single_file.h"
 
@@ -36,6 +37,8 @@ int run_convert(const ConvertOptions& o) {
            "{}: single files are written as .safetensors (which A1111 and ComfyUI read), not .ckpt", o.output);
   SD_CHECK(!single_file || o.variant.empty(), "--variant names the files of a pipeline folder; {} is a single file",
            o.output);
+  const fs::path out_dir = single_file ? fs::path(o.output).parent_path() : fs::path(o.output);
+  io::check_output_dir("OUTPUT", out_dir.empty() ? fs::path(".") : out_dir);
   const pipeline::ModelSource source = pipeline::resolve_model(o.input);
   pipeline::StableDiffusion pipe = pipeline::load_pipeline(source);
   if (single_file)

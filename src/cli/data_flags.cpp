@@ -20,7 +20,7 @@ void add_image_caption_flags(CLI::App* cmd, data::TrainingDataOptions& o, const 
       ->group(group);
   flag(cmd, "--dataloader_num_workers", o.dataloader_num_workers,
        "Loader threads indexing shards and decoding images ahead of use (0 or 1: one thread)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(in_range(0, 256))
       ->group(group);
 }
 
@@ -29,10 +29,10 @@ void add_bucket_flags(CLI::App* cmd, data::TrainingDataOptions& o, const std::st
               "Aspect-ratio buckets (kohya's): each image trains at the bucket of about --resolution squared pixels "
               "nearest its aspect ratio; each micro-batch holds one bucket")
       ->group(group);
-  flag(cmd, "--min_bucket_reso", o.min_bucket_reso, "Smallest bucket side")->check(CLI::PositiveNumber)->group(group);
-  flag(cmd, "--max_bucket_reso", o.max_bucket_reso, "Largest bucket side")->check(CLI::PositiveNumber)->group(group);
+  flag(cmd, "--min_bucket_reso", o.min_bucket_reso, "Smallest bucket side")->check(in_range(8, 16384))->group(group);
+  flag(cmd, "--max_bucket_reso", o.max_bucket_reso, "Largest bucket side")->check(in_range(8, 16384))->group(group);
   flag(cmd, "--bucket_reso_steps", o.bucket_reso_steps, "Bucket sides are multiples of this")
-      ->check(CLI::PositiveNumber)
+      ->check(in_range(1, 16384))
       ->group(group);
 }
 

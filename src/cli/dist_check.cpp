@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "cli/flags.h"
 #include "core/threads.h"
 #include "core/error.h"
 #include "dist/communicator.h"
@@ -83,7 +84,8 @@ int run_dist_check(const DistCheckOptions& o) {
   int64_t steps = 0;
   bool stopped = false;
   if (o.wait_for_stop) {
-    std::fprintf(stderr, "dist-check: rank %d waiting for a stop signal\n", env.rank);
+    std::fprintf(stderr, "dist-check: rank %d waiting for a stop signal (pid %d)\n", env.rank,
+                 static_cast<int>(getpid()));
     std::fflush(stderr);
     while (!(stopped = dist::any_rank_stopping(*comm))) {
       ++steps;
@@ -137,6 +139,7 @@ void add_dist_check(CLI::App& app, std::function<int()>& chosen) {
                   "interface that reaches MASTER_ADDR)")
       ->capture_default_str();
   cmd->add_option("--threads", o->threads, "Intra-op threads (0: cores of this process / ranks on this machine)")
+      ->check(in_range(0, 1024))
       ->capture_default_str();
   cmd->add_option("--size_mb,--size-mb", o->size_mb, "Size of the allreduce tensor in MiB")->capture_default_str();
   const char* test_group = "Test-only (fault injection; do not use for real checks)";

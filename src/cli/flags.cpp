@@ -1,7 +1,11 @@
 #include "cli/flags.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <optional>
 
 namespace sd::cli {
 
@@ -9,6 +13,50 @@ std::string flag_names(const std::string& snake_name) {
   std::string kebab = snake_name;
   std::replace(kebab.begin() + 2, kebab.end(), '_', '-');
   return kebab == snake_name ? snake_name : snake_name + "," + kebab;
+}
+
+namespace {
+
+// The flag's text as a whole number, if it is one (CLI11 converts the same text into the flag's type afterwards).
+std::optional<int64_t> whole_number(const std::string& text) {
+  int64_t value = 0;
+  if (!CLI::detail::lexical_cast(text, value)) return std::nullopt;
+  return value;
+}
+
+}  // namespace
+
+CLI::Validator in_range(int64_t lo, int64_t hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        const auto value = whole_number(text);
+        if (!value) return text + " is not a whole number";
+        if (*value < lo || *value > hi) return fmt::format("{} is outside {}..{}", text, lo, hi);
+        return {};
+      },
+      fmt::format("{}..{}", lo, hi));
+}
+
+CLI::Validator at_least(int64_t lo) {
+  return CLI::Validator(
+      [lo](std::string& text) -> std::string {
+        const auto value = whole_number(text);
+        if (!value) return text + " is not a whole number";
+        if (*value < lo) return fmt::format("{} is less than {}", text, lo);
+        return {};
+      },
+      fmt::format(">={}", lo));
+}
+
+CLI::Validator positive_number() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        double value = 0;
+        if (!CLI::detail::lexical_cast(text, value) || !(value > 0) || !std::isfinite(value))
+          return text + " is not a positive number";
+        return {};
+      },
+      ">0");
 }
 
 CLI::Option* accepted_python_flag(CLI::App* app, const std::string& name, bool takes_value, const std::string& note) {

@@ -27,6 +27,16 @@ inline CLI::Option* switch_flag(CLI::App* app, const std::string& name, bool& va
   return app->add_flag(flag_names(name), value, help);
 }
 
+// Number checks whose failures read like every other error, with readable bounds: "--threads: 5000 is outside
+// 1..1024" (CLI11's own PositiveNumber prints its upper bound as a 300-digit number). The upper bounds of flags
+// that size an allocation or a loop (images, threads, vectors, repeats, sizes) keep a typo from asking for terabytes
+// or a run of years; they are refused before anything is allocated.
+CLI::Validator in_range(int64_t lo, int64_t hi);
+// A whole number >= lo with no upper bound other than the type's: "--max_train_steps: 0 is less than 1".
+CLI::Validator at_least(int64_t lo);
+// A number (not necessarily whole) > 0.
+CLI::Validator positive_number();
+
 // A flag kept only so command lines written for the Python scripts still parse; using it prints `note` once.
 CLI::Option* accepted_python_flag(CLI::App* app, const std::string& name, bool takes_value, const std::string& note);
 

@@ -174,6 +174,7 @@ int run_generate(GenerateOptions o) {
 
   // Cheap checks first, so a typo fails before the weights load.
   check_flag_combinations(o);
+  if (!o.output_dir.empty()) io::check_output_dir("--output_dir", o.output_dir);
   const pipeline::PipelineConfigs configs = pipeline::read_configs(source);
   std::unique_ptr<schedulers::Scheduler> scheduler = make_run_scheduler(configs.scheduler, o);
   SD_CHECK(o.num_inference_steps >= 1, "--num_inference_steps must be >= 1, got {}", o.num_inference_steps);
@@ -259,19 +260,21 @@ void add_generate(CLI::App& app, std::function<int()>& chosen) {
       ->excludes(prompt);
   repeated_flag(cmd, "--negative_prompt", o->negative_prompts,
                 "What the images should not show: once for every prompt, or once per prompt in their order");
-  flag(cmd, "--num_inference_steps", o->num_inference_steps, "Denoising steps");
+  flag(cmd, "--num_inference_steps", o->num_inference_steps, "Denoising steps")->check(in_range(1, 10000));
   flag(cmd, "--guidance_scale", o->guidance_scale, "Classifier-free guidance scale; <= 1 turns guidance off");
   flag(cmd, "--guidance_rescale", o->guidance_rescale,
        "Rescale the guided prediction towards the text prediction's std (arXiv 2305.08891 sec. 3.4), 0..1; txt2img");
   flag(cmd, "--eta", o->eta, "DDIM's eta, 0..1: weight of the noise added in each step (needs --scheduler ddim)");
   flag(cmd, "--clip_skip", o->clip_skip,
        "Skip this many text-encoder layers from the end for the prompts (1 = the penultimate layer's output)");
-  flag(cmd, "--height", o->height, "Image height in pixels (default: the UNet's sample_size x the VAE factor)");
-  flag(cmd, "--width", o->width, "Image width in pixels (default: the UNet's sample_size x the VAE factor)");
+  flag(cmd, "--height", o->height, "Image height in pixels (default: the UNet's sample_size x the VAE factor)")
+      ->check(in_range(8, 16384));
+  flag(cmd, "--width", o->width, "Image width in pixels (default: the UNet's sample_size x the VAE factor)")
+      ->check(in_range(8, 16384));
   flag(cmd, "--seed", o->seed,
        "Seed (random and printed when absent); image k of the run (prompt i, image j: k = i*num_images_per_prompt + j) "
        "uses a generator seeded seed + k, so it reproduces alone with --seed seed+k");
-  flag(cmd, "--num_images_per_prompt", o->num_images_per_prompt, "Images per prompt")->check(CLI::PositiveNumber);
+  flag(cmd, "--num_images_per_prompt", o->num_images_per_prompt, "Images per prompt")->check(in_range(1, 256));
   flag(cmd, "--scheduler", o->scheduler,
        "Scheduler class or alias (pndm, ddim, ddpm, euler, euler_a, heun, lms, dpm++, unipc, dpm++_karras, "
        "euler_karras, ...); default: the pipeline's");
@@ -301,7 +304,7 @@ void add_generate(CLI::App& app, std::function<int()>& chosen) {
        "Where PNGs go: p<prompt>-s<seed>-i<image>.png per image and grid.png (rows: prompts); '' writes none");
   flag(cmd, "--save_raw", o->save_raw,
        "Also write the decoded images, float32 [N,H,W,3] in 0..1, as tensor 'images' of this safetensors file");
-  flag(cmd, "--threads", o->threads, "Intra-op threads (default: all cores)")->check(CLI::PositiveNumber);
+  flag(cmd, "--threads", o->threads, "Intra-op threads (default: all cores)")->check(in_range(1, 1024));
   cmd->callback([o, &chosen] { chosen = [o] { return run_generate(*o); }; });
 }
 

@@ -4,6 +4,7 @@
 
 #include "cli/commands.h"
 #include "cli/flags.h"
+#include "io/atomic_file.h"
 #include "pipeline/presets.h"
 
 namespace sd::cli {
@@ -21,6 +22,7 @@ int run_init(const InitOptions& o) {
   const at::ScalarType dtype = o.save_dtype == "float16"    ? at::kHalf
                                : o.save_dtype == "bfloat16" ? at::kBFloat16
                                                             : at::kFloat;
+  io::check_output_dir("--out", o.out);
   pipeline::write_preset(o.preset, o.seed, o.out, dtype);
   std::printf("%s\n", o.out.c_str());
   return 0;

@@ -1,17 +1,34 @@
 // sdtrain: dispatches to one subcommand; every user-caused failure ends here as one line and exit code 1.
+#include <c10/util/Exception.h>
+
 #include <cstdio>
 #include <exception>
+#include <filesystem>
+#include <string>
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "io/atomic_file.h"
+
+namespace {
+
+// The first line only: c10::Error's what() carries a frame list, which is no use to a user.
+std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+}  // namespace
 
 int main(int argc, char** argv) {
   try {
     return sd::cli::run(argc, argv);
   } catch (const sd::Error& e) {
     std::fprintf(stderr, "sdtrain: error: %s\n", e.what());
+  } catch (const std::filesystem::filesystem_error& e) {
+    // A file system refusing (full, read-only, not a directory) is the machine's state, not a bug.
+    std::fprintf(stderr, "sdtrain: error: %s\n", sd::io::describe(e).c_str());
+  } catch (const c10::Error& e) {
+    std::fprintf(stderr, "sdtrain: internal error: %s\n", first_line(e.what_without_backtrace()).c_str());
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "sdtrain: internal error: %s\n", e.what());
+    std::fprintf(stderr, "sdtrain: internal error: %s\n", first_line(e.what()).c_str());
   }
   return 1;
 }

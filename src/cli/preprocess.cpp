@@ -37,14 +37,14 @@ void add_preprocess(CLI::App& app, std::function<int()>& chosen) {
       ->group(outputs);
   switch_flag(cmd, "--text_pooled", o->text_pooled, "Also store CLIP's pooled text embedding")->group(outputs);
   flag(cmd, "--samples_per_shard", o->samples_per_shard, "Samples per shard file (the unit of resuming)")
-      ->check(CLI::PositiveNumber)
+      ->check(in_range(1, 1000000))
       ->group(outputs);
   flag(cmd, "--seed", o->seed, "Seed of the posterior samples of --latents sample")->group(outputs);
 
   const std::string run = "Speed";
-  flag(cmd, "--batch_size", o->batch_size, "Images per VAE forward pass")->check(CLI::PositiveNumber)->group(run);
+  flag(cmd, "--batch_size", o->batch_size, "Images per VAE forward pass")->check(in_range(1, 4096))->group(run);
   flag(cmd, "--threads", o->threads, "Intra-op threads of this rank (default: cores / ranks on this node)")
-      ->check(CLI::PositiveNumber)
+      ->check(in_range(1, 1024))
       ->group(run);
 
   cmd->callback([o, &chosen] { chosen = [o] { return train::run_preprocess(*o); }; });

@@ -25,15 +25,15 @@ void add_textual_inversion(CLI::App& app, std::function<int()>& chosen) {
   flag(cmd, "--initializer_token", o->initializer_token, "A single existing token whose embedding starts it")
       ->required()
       ->group(task);
-  flag(cmd, "--num_vectors", o->num_vectors, "Embedding vectors per concept")->check(CLI::PositiveNumber)->group(task);
+  flag(cmd, "--num_vectors", o->num_vectors, "Embedding vectors per concept")->check(in_range(1, 256))->group(task);
   flag(cmd, "--repeats", o->repeats, "How many times each image repeats per epoch")
-      ->check(CLI::PositiveNumber)
+      ->check(in_range(1, 1000000))
       ->group(task);
-  flag(cmd, "--resolution", o->resolution, "Training image size")->check(CLI::PositiveNumber)->group(task);
+  flag(cmd, "--resolution", o->resolution, "Training image size")->check(in_range(8, 16384))->group(task);
   switch_flag(cmd, "--center_crop", o->center_crop, "Center-crop images to a square before resizing")->group(task);
   add_unet_memory_flags(cmd, o->gradient_checkpointing, o->memory_efficient_attention, task);
   flag(cmd, "--save_steps", o->save_steps, "Write learned_embeds-steps-N every N steps")
-      ->check(CLI::PositiveNumber)
+      ->check(at_least(1))
       ->group(task);
   switch_flag(cmd, "--save_as_full_pipeline", o->save_as_full_pipeline,
               "Also write the whole pipeline with the extended tokenizer and text encoder")
@@ -43,9 +43,7 @@ void add_textual_inversion(CLI::App& app, std::function<int()>& chosen) {
       ->group(task);
   flag(cmd, "--validation_prompt", o->validation_prompt, "Prompt for validation images")->group(task);
   flag(cmd, "--num_validation_images", o->num_validation_images, "Validation images per validation")->group(task);
-  flag(cmd, "--validation_steps", o->validation_steps, "Validate every N steps")
-      ->check(CLI::PositiveNumber)
-      ->group(task);
+  flag(cmd, "--validation_steps", o->validation_steps, "Validate every N steps")->check(at_least(1))->group(task);
   flag(cmd, "--dataloader_num_workers", o->dataloader_num_workers,
        "Accepted; images are decoded once and cached, so no workers are needed")
       ->group(task);

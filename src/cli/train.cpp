@@ -34,20 +34,20 @@ void add_train(CLI::App& app, std::function<int()>& chosen) {
        "Latents and text embeddings written by `sdtrain preprocess`: trains with no VAE or text encoder in memory")
       ->group(data);
   flag(cmd, "--max_train_samples", d.max_train_samples, "Train on a seeded random subset of this many samples")
-      ->check(CLI::PositiveNumber)
+      ->check(at_least(1))
       ->group(data);
   flag(cmd, "--synthetic_data", d.synthetic_data,
        "images: random images and captions; latents: random latents and text embeddings (no VAE or text encoder)")
       ->check(CLI::IsMember({"images", "latents"}))
       ->group(data);
   flag(cmd, "--synthetic_samples", d.synthetic_samples, "Samples in one synthetic epoch")
-      ->check(CLI::PositiveNumber)
+      ->check(in_range(1, 100000000))
       ->group(data);
   flag(cmd, "--replay_inputs", d.replay_inputs,
        "Replay a reference run's steps from a safetensors file (stepK.latents, .noise, .timesteps, "
        ".encoder_hidden_states); writes replay.safetensors with each step's loss, lr and grad norm")
       ->group(data);
-  flag(cmd, "--resolution", d.transform.resolution, "Training image size")->check(CLI::PositiveNumber)->group(data);
+  flag(cmd, "--resolution", d.transform.resolution, "Training image size")->check(in_range(8, 16384))->group(data);
   switch_flag(cmd, "--center_crop", d.transform.center_crop, "Center-crop after resizing (default: random crop)")
       ->group(data);
   switch_flag(cmd, "--random_flip", d.transform.random_flip, "Flip images horizontally at random")->group(data);
@@ -75,14 +75,14 @@ void add_train(CLI::App& app, std::function<int()>& chosen) {
       ->expected(1, CLI::detail::expected_max_vector_size)
       ->group(validation);
   flag(cmd, "--validation_epochs", o->validation_epochs, "Validate every N epochs")
-      ->check(CLI::PositiveNumber)
+      ->check(at_least(1))
       ->group(validation);
 
   const std::string lora = "LoRA (diffusers' train_text_to_image_lora.py; see docs/lora.md)";
   auto* lora_rank = cmd->add_option(flag_names("--lora_rank"), o->lora_rank,
                                     "Train LoRA adapters of this rank (the LoRA script's default: 4) on a frozen UNet "
                                     "instead of the whole UNet")
-                        ->check(CLI::PositiveNumber)
+                        ->check(in_range(1, 4096))
                         ->group(lora);
   flag(cmd, "--lora_alpha", o->lora_alpha, "Adapter outputs are scaled by alpha / rank (default: alpha = rank)")
       ->needs(lora_rank)

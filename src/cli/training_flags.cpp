@@ -11,20 +11,20 @@ namespace sd::cli {
 void add_trainer_flags(CLI::App* cmd, train::TrainerOptions& o) {
   const std::string batch = "Batching and steps";
   flag(cmd, "--train_batch_size", o.train_batch_size, "Images per rank per micro-batch")
-      ->check(CLI::PositiveNumber)
+      ->check(in_range(1, 65536))
       ->group(batch);
   flag(cmd, "--gradient_accumulation_steps", o.gradient_accumulation_steps, "Micro-batches per optimizer step")
-      ->check(CLI::PositiveNumber)
+      ->check(in_range(1, 65536))
       ->group(batch);
   flag(cmd, "--global_batch_size", o.global_batch_size,
        "Images per optimizer step over all ranks; sets the accumulation to global / (ranks x --train_batch_size)")
-      ->check(CLI::PositiveNumber)
+      ->check(in_range(1, int64_t{1} << 24))
       ->group(batch);
   flag(cmd, "--num_train_epochs", o.num_train_epochs, "Epochs, used when --max_train_steps is not given")
-      ->check(CLI::PositiveNumber)
+      ->check(at_least(1))
       ->group(batch);
   flag(cmd, "--max_train_steps", o.max_train_steps, "Optimizer steps; overrides --num_train_epochs")
-      ->check(CLI::PositiveNumber)
+      ->check(at_least(1))
       ->group(batch);
 
   const std::string optimizer = "Optimizer (AdamW) and learning rate";
@@ -37,10 +37,10 @@ void add_trainer_flags(CLI::App* cmd, train::TrainerOptions& o) {
           CLI::IsMember({"linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup"}))
       ->group(optimizer);
   flag(cmd, "--lr_warmup_steps", o.lr_warmup_steps, "Linear warm-up steps of the schedule")
-      ->check(CLI::NonNegativeNumber)
+      ->check(at_least(0))
       ->group(optimizer);
   flag(cmd, "--lr_num_cycles", o.lr_num_cycles, "Hard restarts of cosine_with_restarts")
-      ->check(CLI::PositiveNumber)
+      ->check(at_least(1))
       ->group(optimizer);
   flag(cmd, "--lr_power", o.lr_power, "Power of the polynomial schedule")->group(optimizer);
   flag(cmd, "--adam_beta1", o.adam.beta1, "AdamW beta1")->group(optimizer);
@@ -52,7 +52,7 @@ void add_trainer_flags(CLI::App* cmd, train::TrainerOptions& o) {
   flag(cmd, "--skip_nonfinite_steps", o.skip_nonfinite_steps,
        "Steps with a NaN/Inf loss or gradient skip their update, up to this many in a run; one more stops training "
        "(default 0: the first stops it)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(at_least(0))
       ->group(optimizer);
 
   const std::string ema = "EMA of the weights (diffusers' EMAModel)";
@@ -69,10 +69,10 @@ void add_trainer_flags(CLI::App* cmd, train::TrainerOptions& o) {
   const std::string outputs = "Outputs, checkpoints and logs";
   flag(cmd, "--output_dir", o.output_dir, "Where the results, checkpoints and logs go")->group(outputs);
   flag(cmd, "--checkpointing_steps", o.checkpointing_steps, "Write a resumable checkpoint-N every N steps")
-      ->check(CLI::PositiveNumber)
+      ->check(at_least(1))
       ->group(outputs);
   flag(cmd, "--checkpoints_total_limit", o.checkpoints_total_limit, "Keep at most this many checkpoints")
-      ->check(CLI::PositiveNumber)
+      ->check(at_least(1))
       ->group(outputs);
   flag(cmd, "--resume_from_checkpoint", o.resume_from_checkpoint, "A checkpoint-N folder, or 'latest'")->group(outputs);
   flag(cmd, "--logging_dir", o.logging_dir, "Metrics folder, relative to --output_dir")->group(outputs);
@@ -97,7 +97,7 @@ void add_trainer_flags(CLI::App* cmd, train::TrainerOptions& o) {
       ->check(CLI::IsMember({"no_shard", "shard_grad_op"}))
       ->group(run);
   flag(cmd, "--threads", o.threads, "Intra-op threads of this rank (default: cores / ranks on this node)")
-      ->check(CLI::PositiveNumber)
+      ->check(in_range(1, 1024))
       ->group(run);
   flag(cmd, "--dist_timeout", o.dist_timeout_s, "Seconds before a lost or hung peer ends the run")->group(run);
   flag(cmd, "--dist_iface", o.dist_iface, "Network interface for collectives (else GLOO_SOCKET_IFNAME)")->group(run);

@@ -75,6 +75,9 @@ LatentsIndex LatentsIndex::from_json(const json& j, const std::string& source) {
     SD_CHECK(s.first_sample == next && s.samples > 0,
              "{}: shard {} starts at sample {} with {} samples; expected consecutive, non-empty ranges from sample 0",
              source, s.file, s.first_sample, s.samples);
+    // A shard's header lists every sample's tensors, and safetensors headers are at most 100 MB.
+    SD_CHECK(s.samples <= kMaxShardSamples, "{}: shard {} claims {} samples, more than {}", source, s.file, s.samples,
+             kMaxShardSamples);
     next += s.samples;
   }
   SD_CHECK(next > 0, "{}: lists no samples", source);
@@ -113,7 +116,8 @@ LatentDataset::LatentDataset(const fs::path& dir, int resolution) : dir_(dir), r
   SD_CHECK(std::find(stored.begin(), stored.end(), resolution) != stored.end(),
            "--train_latents {}: holds latents at resolution(s) {}, not at --resolution {}", dir.string(),
            fmt::join(stored, ", "), resolution);
-  sizes_.resize(static_cast<size_t>(index_.samples()));
+  // Grown shard by shard as each is checked, so an index that claims more samples than its shards hold is refused
+  // before memory is spent on the claim.
   for (const LatentsIndex::Shard& shard : index_.shards) check_shard(shard);
   samples_.resize(sizes_.size());
   for (size_t i = 0; i < samples_.size(); ++i) samples_[i] = static_cast<int64_t>(i);
@@ -134,7 +138,8 @@ void LatentDataset::check_shard(const LatentsIndex::Shard& shard) {
         checked_shape(file, latent_tensor_name(n, field, resolution_), {index_.latent_channels, -1, -1});
     if (index_.moments) checked_shape(file, latent_tensor_name(n, "latent_std", resolution_), shape);
     checked_shape(file, latent_tensor_name(n, "text_hidden"), {-1, -1, index_.text_dim});
-    sizes_[static_cast<size_t>(n)] = {static_cast<int>(shape[2]), static_cast<int>(shape[1])};
+    sizes_.push_back(
+        {static_cast<int>(shape[2]), static_cast<int>(shape[1])});  // n == sizes_.size(): shards are consecutive
   }
 }
 

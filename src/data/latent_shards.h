@@ -28,6 +28,8 @@ constexpr char kLatentsFormat[] = "sdtrain-latents";
 constexpr int kLatentsVersion = 1;
 constexpr char kLatentsIndexFile[] = "index.json";
 constexpr char kEmptyCaptionFile[] = "empty_caption.safetensors";
+// The most samples one shard may claim (its safetensors header, at most 100 MB, names every one).
+constexpr int64_t kMaxShardSamples = 10'000'000;
 
 // "latents-00012.safetensors"
 std::string latent_shard_file(int64_t shard);

@@ -64,6 +64,10 @@ TextualInversionDataset::TextualInversionDataset(TextualInversionDatasetOptions 
   }
   SD_CHECK(!paths_.empty(), "--train_data_dir {}: no images (expected .jpg, .jpeg, .png or .bmp files)", dir.string());
   std::sort(paths_.begin(), paths_.end());
+  // An epoch's order is a permutation of images x repeats, held in memory: bounded before the images are decoded.
+  const int64_t epoch = static_cast<int64_t>(paths_.size()) * options_.repeats;
+  SD_CHECK(epoch <= kMaxEpochSamples, "--repeats {} x {} images = {} samples per epoch, more than {}: lower --repeats",
+           options_.repeats, paths_.size(), epoch, kMaxEpochSamples);
   for (const auto& path : paths_) {
     io::RgbImage image = io::load_image_rgb(path);
     if (options_.center_crop) image = io::center_crop_square(image);

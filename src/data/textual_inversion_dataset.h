@@ -15,6 +15,9 @@ namespace sd::data {
 const std::vector<std::string>& object_templates();
 const std::vector<std::string>& style_templates();
 
+// The most samples an epoch (images x --repeats) may have: its order is a permutation held in memory (8 bytes each).
+inline constexpr int64_t kMaxEpochSamples = 100'000'000;
+
 struct TextualInversionDatasetOptions {
   std::filesystem::path data_dir;
   std::string learnable_property = "object";  // or "style"

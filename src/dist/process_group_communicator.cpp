@@ -29,7 +29,9 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "dist/communicator.h"
+#include "dist/store_listen.h"
 
 namespace sd::dist {
 namespace {
@@ -185,9 +187,31 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_process_group(
 std::string join_key(int r) { return "sdtrain/join/" + std::to_string(r); }
 std::string heartbeat_key(int r) { return "sdtrain/hb/" + std::to_string(r); }
 std::string exit_key(int r) { return "sdtrain/exit/" + std::to_string(r); }
+std::string arm_key(int r, const char* client) { return fmt::format("sdtrain/arm/{}/{}", r, client); }
 const char* const kFaultKey = "sdtrain/fault";
 const char* const kShutdownKey = "sdtrain/shutdown";
 const char* const kJoinCountKey = "sdtrain/join_count";
+
+// LibTorch 1.13's TCPStore client puts no deadline on its socket until its first wait() or get(): until then
+// check(), add() and the rest wait forever on a master that is frozen (SIGSTOP, a stopped or swapped-out machine)
+// rather than dead, since the master's kernel still accepts the connection. A wait on a key this client has just set
+// returns at once and leaves the socket's send and receive deadlines at `deadline` for every later operation (Gloo's
+// own waits re-arm it with theirs). After an operation timed out, the client is out of step with the server and must
+// not be used again.
+void arm_store_deadline(c10d::Store& store, const std::string& key, milliseconds deadline) {
+  store.set(key, bytes("1"));
+  store.wait({key}, deadline);
+}
+
+// What a failed store operation says about rank 0, which hosts the store.
+std::string master_store_trouble(const std::string& cause, const std::string& addr, int port, milliseconds deadline) {
+  if (looks_like_timeout(cause))
+    return fmt::format(
+        "rank 0 lost (the master store at {}:{} did not answer within {}: rank 0 frozen or its machine "
+        "overloaded)",
+        addr, port, seconds_text(deadline));
+  return fmt::format("rank 0 lost (connection to the master store at {}:{} closed)", addr, port);
+}
 
 class ProcessGroupCommunicator;
 
@@ -234,6 +258,7 @@ class ProcessGroupCommunicator : public Communicator {
     monitor_ = std::thread([this] { monitor_loop(); });
     try {
       create_process_group();
+      arm_main_store_deadline();
     } catch (...) {
       shutdown(true);
       throw;
@@ -461,7 +486,12 @@ class ProcessGroupCommunicator : public Communicator {
     o.timeout = opts_.timeout;
     try {
       QuietC10Logs quiet;
+      auto narrowing = env_.rank == 0 ? narrow_store_listening() : nullptr;
       store_ = c10::make_intrusive<c10d::TCPStore>(env_.master_addr, o);
+      if (narrowing && !narrowing->narrowed())
+        log::warn("the rendezvous store could not be bound to {} and listens on every interface of rank 0's machine",
+                  env_.master_addr);
+      arm_store_deadline(*store_, arm_key(env_.rank, "main"), opts_.timeout);
     } catch (const std::exception& e) {
       std::string cause = first_line(e);
       if (env_.rank == 0)
@@ -474,6 +504,29 @@ class ProcessGroupCommunicator : public Communicator {
           "running and that this machine can reach it ({})",
           env_.rank, env_.master_addr, env_.master_port, seconds_text(opts_.timeout), cause);
     }
+  }
+
+  // From here on the store is read only to diagnose and to say goodbye: a master that does not answer within the
+  // heartbeat window counts as lost, so no reading of it can outlast --dist_timeout by more than that.
+  void arm_main_store_deadline() {
+    try {
+      arm_store_deadline(*store_, arm_key(env_.rank, "main"), window_);
+    } catch (const std::exception& e) {
+      fail("{} while the ranks were connecting [seen by rank {}]",
+           master_store_trouble(first_line(e), env_.master_addr, env_.master_port, window_), env_.rank);
+    }
+  }
+
+  // The store listens only where the ranks connect (loopback on one machine), else everywhere with a warning.
+  std::unique_ptr<StoreBindNarrowing> narrow_store_listening() {
+    std::string why;
+    auto address = store_listen_address(env_, local_interface_addresses(), &why);
+    if (!address) {
+      log::warn("the rendezvous store listens on every interface of rank 0's machine, unauthenticated: {}", why);
+      return nullptr;
+    }
+    debug("rank 0: the store listens on {} port {}", *address, env_.master_port);
+    return std::make_unique<StoreBindNarrowing>(*address, env_.master_port);
   }
 
   void join() {
@@ -569,30 +622,32 @@ class ProcessGroupCommunicator : public Communicator {
     c10::intrusive_ptr<c10d::TCPStore> client;
     std::optional<Clock::time_point> trouble_since;
     std::string trouble;
+    bool store_trouble = false;  // the master store not answering: over when it answers again
     bool master_done = false;
     int64_t beats = 0;
     std::unique_lock<std::mutex> lock(monitor_mutex_);
     while (!stop_monitor_) {
       lock.unlock();
       try {
-        if (!client) {
-          c10d::TCPStoreOptions o;
-          o.port = static_cast<uint16_t>(env_.master_port);
-          o.waitWorkers = false;
-          o.timeout = opts_.timeout;
-          client = c10::make_intrusive<c10d::TCPStore>(env_.master_addr, o);
-        }
+        if (!client) client = connect_monitor_client();
         client->set(heartbeat_key(env_.rank), bytes(fmt::format("{} {}", ++beats, issued_.load())));
-        if (!trouble_since && client->check({kFaultKey})) {
+        const bool fault = client->check({kFaultKey});
+        if (store_trouble) trouble_since.reset();
+        store_trouble = false;
+        if (!trouble_since && fault) {
           trouble_since = Clock::now();
           trouble = text(client->get(kFaultKey));
         }
         if (!master_done && client->check({kShutdownKey})) master_done = true;
       } catch (const std::exception& e) {
+        const std::string cause = first_line(e);
+        // A client whose operation timed out is out of step with the server: reconnect to see whether the master
+        // answers again. A closed connection means rank 0 is gone; reconnecting would only add c10d's log lines.
+        if (looks_like_timeout(cause)) client.reset();
         if (!trouble_since && !master_done) {
           trouble_since = Clock::now();
-          trouble = fmt::format("rank 0 lost (connection to the master store at {}:{} closed)", env_.master_addr,
-                                env_.master_port);
+          store_trouble = true;
+          trouble = master_store_trouble(cause, env_.master_addr, env_.master_port, window_);
         }
       }
       if (trouble_since && !failed_ && Clock::now() - *trouble_since > opts_.timeout + 2 * window_) {
@@ -604,6 +659,18 @@ class ProcessGroupCommunicator : public Communicator {
       lock.lock();
       monitor_cv_.wait_for(lock, interval_, [this] { return stop_monitor_; });
     }
+  }
+
+  // The heartbeat's own connection: connecting and every operation end within the heartbeat window, so the
+  // watchdog (and shutdown, which joins it) never waits on a frozen master for longer.
+  c10::intrusive_ptr<c10d::TCPStore> connect_monitor_client() {
+    c10d::TCPStoreOptions o;
+    o.port = static_cast<uint16_t>(env_.master_port);
+    o.waitWorkers = false;
+    o.timeout = window_;
+    auto client = c10::make_intrusive<c10d::TCPStore>(env_.master_addr, o);
+    arm_store_deadline(*client, arm_key(env_.rank, "monitor"), window_);
+    return client;
   }
 
   // Which rank is to blame for a failed collective: ranks that announced their exit, ranks whose heartbeat
@@ -695,8 +762,9 @@ class ProcessGroupCommunicator : public Communicator {
       throw;
     } catch (const std::exception& e) {
       if (env_.rank != 0)
-        return fmt::format("rank 0 lost (connection to the master store at {}:{} closed) during {} [seen by rank {}]",
-                           env_.master_addr, env_.master_port, op, env_.rank);
+        return fmt::format("{} during {} [seen by rank {}]",
+                           master_store_trouble(first_line(e), env_.master_addr, env_.master_port, window_), op,
+                           env_.rank);
       return fmt::format("{} failed on rank 0: {} (and the store failed too: {})", op, cause, first_line(e));
     }
   }

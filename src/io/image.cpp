@@ -231,11 +231,19 @@ RgbImage flip_horizontal(const RgbImage& image) {
   return out;
 }
 
+std::string encode_png(const RgbImage& image) {
+  std::string png;
+  auto append = [](void* context, void* data, int size) {
+    static_cast<std::string*>(context)->append(static_cast<const char*>(data), size);
+  };
+  SD_CHECK(stbi_write_png_to_func(append, &png, image.width, image.height, 3, image.pixels.data(), image.width * 3),
+           "could not PNG-encode a {}x{} image", image.width, image.height);
+  return png;
+}
+
 void save_png(const fs::path& path, const RgbImage& image) {
-  write_atomically(path, [&](const fs::path& tmp) {
-    SD_CHECK(stbi_write_png(tmp.c_str(), image.width, image.height, 3, image.pixels.data(), image.width * 3) != 0,
-             "{}: could not write PNG", tmp.string());
-  });
+  const std::string png = encode_png(image);
+  write_file_atomically(path, [&](FileWriter& out) { out.write(png); });
 }
 
 }  // namespace sd::io

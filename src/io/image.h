@@ -58,5 +58,7 @@ RgbImage flip_horizontal(const RgbImage& image);
 
 // Writes a PNG atomically.
 void save_png(const std::filesystem::path& path, const RgbImage& image);
+// The PNG file's bytes.
+std::string encode_png(const RgbImage& image);
 
 }  // namespace sd::io

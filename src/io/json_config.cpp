@@ -66,6 +66,10 @@ JsonConfig JsonConfig::load(const std::filesystem::path& path) {
   return JsonConfig(parse_python_json(read_text_file(path), path.string()), path.string());
 }
 
+void check_at_most(const std::string& source, const std::string& key, int64_t value, int64_t limit) {
+  SD_CHECK(value <= limit, "{}: key '{}' = {} is more than {}, the most sdtrain accepts", source, key, value, limit);
+}
+
 void JsonConfig::fail_key(const std::string& key, const std::string& expected) const {
   fail("{}: key '{}' must be {}, got {}", source_, key, expected, root_.contains(key) ? root_[key].dump() : "nothing");
 }

@@ -16,6 +16,11 @@ namespace sd::io {
 // readers of such keys take back as numbers. Invalid JSON throws sd::Error naming `source`.
 nlohmann::json parse_python_json(const std::string& text, const std::string& source);
 
+// A config value that sizes an allocation or a loop, held to `limit` before anything is built from it, so that a
+// damaged or hostile file is refused with a line instead of allocating terabytes or looping for hours:
+// "<source>: key '<key>' = <value> is more than <limit>, the most sdtrain accepts".
+void check_at_most(const std::string& source, const std::string& key, int64_t value, int64_t limit);
+
 class JsonConfig {
  public:
   JsonConfig() = default;

@@ -58,7 +58,10 @@ TensorEntry parse_entry(const std::string& name, const json& value, const fs::pa
   entry.end = non_negative_int(value["data_offsets"][1], path, where + " data_offsets[1]");
   SD_CHECK(entry.begin <= entry.end, "{}: corrupt safetensors header: {} has data_offsets begin {} > end {}",
            path.string(), where, entry.begin, entry.end);
-  const uint64_t expected = elements * c10::elementSize(entry.dtype);
+  const uint64_t element_size = c10::elementSize(entry.dtype);
+  SD_CHECK(elements <= UINT64_MAX / element_size, "{}: corrupt safetensors header: {} shape overflows", path.string(),
+           where);
+  const uint64_t expected = elements * element_size;
   SD_CHECK(entry.end - entry.begin == expected,
            "{}: corrupt safetensors header: {} is {} {} ({} bytes) but data_offsets span {} bytes", path.string(),
            where, value["dtype"].get<std::string>(), value["shape"].dump(), expected, entry.end - entry.begin);
@@ -183,15 +186,11 @@ void save_safetensors(const fs::path& path, const TensorMap& tensors,
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
-  write_atomically(path, [&](const fs::path& tmp) {
-    std::ofstream out(tmp, std::ios::binary);
+  write_file_atomically(path, [&](FileWriter& out) {
     const uint64_t header_len = text.size();
-    out.write(reinterpret_cast<const char*>(&header_len), 8);
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
-    for (const auto& [name, t] : ordered)
-      out.write(static_cast<const char*>(t.data_ptr()), static_cast<std::streamsize>(t.numel() * t.element_size()));
-    out.close();
-    SD_CHECK(out.good(), "{}: could not write safetensors file", tmp.string());
+    out.write(&header_len, 8);
+    out.write(text);
+    for (const auto& [name, t] : ordered) out.write(t.data_ptr(), t.numel() * t.element_size());
   });
 }
 

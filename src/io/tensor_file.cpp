@@ -79,6 +79,15 @@ class ShardedTensorFile : public TensorFile {
 
 }  // namespace
 
+void check_finite(const at::Tensor& tensor, const std::string& label, const std::string& name) {
+  if (!tensor.is_floating_point() || tensor.numel() == 0) return;
+  const int64_t bad = tensor.numel() - at::isfinite(tensor).sum().item<int64_t>();
+  SD_CHECK(bad == 0,
+           "{}: tensor '{}' holds {} NaN or infinite values (of {}): the weights are damaged or come from a "
+           "diverged run",
+           label, name, bad, tensor.numel());
+}
+
 std::unique_ptr<TensorFile> open_tensor_file(const fs::path& path) {
   if (ends_with(path.filename().string(), ".json")) return std::make_unique<ShardedTensorFile>(path);
   const RandomAccessFile file(path);

@@ -38,4 +38,8 @@ class TensorFile {
 // sharded checkpoint's *.index.json.
 std::unique_ptr<TensorFile> open_tensor_file(const std::filesystem::path& path);
 
+// Throws sd::Error naming `label` (the file) and tensor `name` when a floating-point tensor holds NaN or infinite
+// values: weights like that can only give NaN images or a NaN loss, so they stop a command before it runs.
+void check_finite(const at::Tensor& tensor, const std::string& label, const std::string& name);
+
 }  // namespace sd::io

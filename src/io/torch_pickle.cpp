@@ -2,6 +2,7 @@
 
 #include <c10/core/ScalarType.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -428,6 +429,17 @@ class Unpickler {
   }
 
   void check_inside_storage(const TorchTensorView& view) {
+    // A view may repeat elements (stride 0), so it can be larger than its storage: it is materialised when read,
+    // hence bounded, with its size in bytes computed without overflow.
+    int64_t numel = 1, bytes = 0;
+    bool overflow = false;
+    for (int64_t d : view.size) overflow = overflow || __builtin_mul_overflow(numel, d, &numel);
+    overflow =
+        overflow || __builtin_mul_overflow(numel, static_cast<int64_t>(c10::elementSize(view.storage.dtype)), &bytes);
+    const int64_t storage_bytes = view.storage.numel * static_cast<int64_t>(c10::elementSize(view.storage.dtype));
+    SD_CHECK(!overflow && bytes <= std::max<int64_t>(storage_bytes, int64_t{1} << 30),
+             "{}: tensor view at byte {} (size [{}]) repeats its storage '{}' of {} elements into more than 1 GiB",
+             what_, op_position_, fmt::join(view.size, ", "), view.storage.key, view.storage.numel);
     const std::optional<int64_t> span = view.span();
     SD_CHECK(view.offset >= 0 && span && view.offset <= view.storage.numel && *span <= view.storage.numel - view.offset,
              "{}: tensor view at byte {} (offset {}, size [{}], stride [{}]) reaches outside storage '{}' of {} "

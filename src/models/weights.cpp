@@ -55,7 +55,11 @@ void load_weights(torch::nn::Module& module, const io::TensorFile& file, const s
     fail("{}: weights do not match the model config: {}", file.label(), fmt::join(parts, "; "));
   }
   torch::NoGradGuard no_grad;
-  for (auto& [name, target] : targets) target.copy_(file.read(name));
+  for (auto& [name, target] : targets) {
+    const at::Tensor stored = file.read(name);
+    io::check_finite(stored, file.label(), name);
+    target.copy_(stored);
+  }
 }
 
 void load_weights(torch::nn::Module& module, const std::filesystem::path& path) {

@@ -16,6 +16,7 @@ at::Tensor as_vectors(at::Tensor t, const fs::path& path) {
   SD_CHECK(t.dim() == 2 && t.is_floating_point(),
            "{}: expected an embedding of shape [num_vectors, dim] or [dim], got {}", path.string(),
            fmt::format("{}", fmt::join(t.sizes(), "x")));
+  io::check_finite(t, path.string(), "embedding");
   return t.to(at::kFloat).contiguous();
 }
 

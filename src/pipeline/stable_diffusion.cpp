@@ -1,5 +1,7 @@
 #include "pipeline/stable_diffusion.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "io/atomic_file.h"
 #include "io/json_config.h"
@@ -60,8 +62,18 @@ StableDiffusion load_pipeline(const fs::path& dir, const ComponentDtypes& dtypes
 }
 
 void check_components_fit(const StableDiffusion& pipe, const std::string& source) {
-  if (!pipe.text_encoder || !pipe.unet) return;
-  const int64_t width = pipe.text_encoder->config().hidden_size;
+  if (!pipe.text_encoder) return;
+  // Token ids index the embedding and prompts fill the positions: a mismatch would fail inside LibTorch.
+  const models::ClipTextConfig& text = pipe.text_encoder->config();
+  SD_CHECK(pipe.tokenizer.max_token_id() < text.vocab_size,
+           "{}: the tokenizer has token ids up to {} but the text encoder embeds {} (its vocab_size)", source,
+           pipe.tokenizer.max_token_id(), text.vocab_size);
+  SD_CHECK(pipe.tokenizer.model_max_length() <= text.max_position_embeddings,
+           "{}: the tokenizer pads prompts to {} tokens (model_max_length) but the text encoder has {} positions "
+           "(max_position_embeddings)",
+           source, pipe.tokenizer.model_max_length(), text.max_position_embeddings);
+  if (!pipe.unet) return;
+  const int64_t width = text.hidden_size;
   for (int64_t dim : pipe.unet->config().cross_attention_dim.values)
     SD_CHECK(dim == width, "{}: the UNet's cross_attention_dim ({}) differs from the text encoder's hidden_size ({})",
              source, dim, width);
@@ -114,19 +126,22 @@ void save_component(StableDiffusion& pipe, const std::string& component, const f
   }
 }
 
+bool is_component_folder(const std::string& name) {
+  return std::count(std::begin(kComponentFolders), std::end(kComponentFolders), name) > 0;
+}
+
 void save_pipeline(StableDiffusion& pipe, const fs::path& dir, at::ScalarType dtype, const std::string& variant) {
   fs::create_directories(dir);
-  const char* parts[] = {"tokenizer", "text_encoder", "vae", "unet", "scheduler"};
-  // Each component goes to a temporary folder first; model_index.json, written last, marks the pipeline complete.
+  io::recover_interrupted_writes(dir, is_component_folder);
+  // Every component goes to a temporary folder first, so a failure (a full disk) leaves the folder as it was; then
+  // each replaces its old version (io::replace_directory: a kill leaves a whole version of each). model_index.json,
+  // written last, marks the pipeline complete.
   fs::path tmp = dir / fmt::format(".partial-{}", getpid());
   fs::remove_all(tmp);
   try {
-    for (const char* part : parts) save_component(pipe, part, tmp / part, dtype, variant);
+    for (const char* part : kComponentFolders) save_component(pipe, part, tmp / part, dtype, variant);
     fs::remove(dir / "model_index.json");
-    for (const char* part : parts) {
-      fs::remove_all(dir / part);
-      fs::rename(tmp / part, dir / part);
-    }
+    for (const char* part : kComponentFolders) io::replace_directory(tmp / part, dir / part);
     fs::remove_all(tmp);
   } catch (...) {
     std::error_code ignored;

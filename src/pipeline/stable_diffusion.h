@@ -61,6 +61,10 @@ StableDiffusion load_pipeline(const std::filesystem::path& dir, const ComponentD
 // both are loaded).
 void check_components_fit(const StableDiffusion& pipe, const std::string& source);
 
+// The component folders of a pipeline, in the order save_pipeline writes them.
+inline constexpr const char* kComponentFolders[] = {"tokenizer", "text_encoder", "vae", "unet", "scheduler"};
+bool is_component_folder(const std::string& name);
+
 // Writes the pipeline as diffusers' save_pretrained does (weights in `dtype`, file names carrying `variant` if
 // given), building it in a temporary folder and renaming it into place; an existing pipeline in `dir` is replaced,
 // other files there are kept.

@@ -69,6 +69,8 @@ SchedulerConfig SchedulerConfig::from_json(const sd::io::JsonConfig& cfg) {
   c.num_train_timesteps = cfg.get<int64_t>("num_train_timesteps", c.num_train_timesteps);
   if (c.num_train_timesteps < 1)
     c.fail_key("num_train_timesteps", fmt::format("must be >= 1, got {}", c.num_train_timesteps));
+  // 100 times SD's 1000: the schedules are tables of this length.
+  io::check_at_most(c.source, "num_train_timesteps", c.num_train_timesteps, 100000);
   c.beta_start = cfg.get_optional<double>("beta_start");
   c.beta_end = cfg.get_optional<double>("beta_end");
   c.beta_schedule =

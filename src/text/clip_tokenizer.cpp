@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "io/atomic_file.h"
+#include "io/json_config.h"
 #include "text/text_fixer.h"
 #include "text/unicode.h"
 
@@ -335,8 +336,10 @@ ClipTokenizer ClipTokenizer::load(const fs::path& dir) {
     SD_CHECK(v.is_number(), "{}: key 'model_max_length' must be a number, got {}", config_file.string(), v.dump());
     const double m = v.get<double>();
     SD_CHECK(m >= 2, "{}: key 'model_max_length' must be at least 2, got {}", config_file.string(), v.dump());
-    // transformers' "no limit" placeholder (int(1e30)) means the CLIP default of 77 here.
+    // transformers' "no limit" placeholder (int(1e30)) means the CLIP default of 77 here; anything else pads every
+    // prompt to its length, so it is held to what a text encoder can have.
     tok.model_max_length_ = m > 1e9 ? 77 : static_cast<int64_t>(m);
+    io::check_at_most(config_file.string(), "model_max_length", tok.model_max_length_, 4096);
   }
 
   if (tok.config_.contains("added_tokens_decoder")) {
@@ -378,8 +381,9 @@ ClipTokenizer ClipTokenizer::load(const fs::path& dir) {
     for (const auto& [content, id] : legacy.items()) {
       SD_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0, "{}: key '{}' must be a non-negative integer id",
                added_file.string(), content);
-      const bool id_taken = std::any_of(tok.added_.begin(), tok.added_.end(),
-                                        [&](const auto& p) { return p.first == id.get<int64_t>(); });
+      const int64_t wanted = id.get<int64_t>();  // a copy: C++17 lambdas cannot capture structured bindings
+      const bool id_taken =
+          std::any_of(tok.added_.begin(), tok.added_.end(), [&](const auto& p) { return p.first == wanted; });
       if (tok.added_encoder_.count(content) || id_taken || content.empty()) continue;
       AddedToken t;
       t.content = content;
@@ -423,6 +427,13 @@ void ClipTokenizer::add_special_if_missing(const std::string& content) {
   const int64_t id = it != encoder_.end() ? it->second : static_cast<int64_t>(size());
   added_.emplace_back(id, std::move(t));
   rebuild_added_index();
+}
+
+int64_t ClipTokenizer::max_token_id() const {
+  int64_t max_id = -1;
+  for (const auto& [token, id] : encoder_) max_id = std::max<int64_t>(max_id, id);
+  for (const auto& [id, token] : added_) max_id = std::max(max_id, id);
+  return max_id;
 }
 
 size_t ClipTokenizer::size() const {

@@ -65,6 +65,8 @@ class ClipTokenizer {
   // len(tokenizer): distinct strings of the vocabulary and the added tokens.
   size_t size() const;
   size_t vocab_size() const { return vocab_.size(); }
+  // The largest id any token has (vocabulary or added): what the text encoder's embedding must cover.
+  int64_t max_token_id() const;
   int64_t model_max_length() const { return model_max_length_; }
   int64_t bos_token_id() const { return bos_id_; }
   int64_t eos_token_id() const { return eos_id_; }

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "io/atomic_file.h"
 #include "io/json_config.h"
 
 namespace sd::train {
@@ -87,13 +88,10 @@ void discard_partial_checkpoints(const fs::path& output_dir) {
 }
 
 void publish_checkpoint(const fs::path& partial, const fs::path& checkpoint) {
-  fs::path old = checkpoint;
-  old += ".old";
-  fs::remove_all(old);
-  if (fs::exists(checkpoint)) fs::rename(checkpoint, old);
-  fs::rename(partial, checkpoint);
-  fs::remove_all(old);
+  io::replace_directory(partial, checkpoint);
 }
+
+bool is_checkpoint_name(const std::string& name) { return std::regex_match(name, kCheckpointName); }
 
 void remove_old_checkpoints(const fs::path& output_dir, std::optional<int> limit) {
   if (!limit) return;

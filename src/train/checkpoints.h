@@ -33,8 +33,11 @@ nlohmann::json read_manifest(const std::filesystem::path& checkpoint);
 std::filesystem::path partial_checkpoint_path(const std::filesystem::path& checkpoint);
 // Removes checkpoint-N.partial folders an interrupted run left behind.
 void discard_partial_checkpoints(const std::filesystem::path& output_dir);
-// Renames a finished `partial` folder to `checkpoint` (replacing an older folder of that name).
+// Renames a finished `partial` folder to `checkpoint` (replacing an older folder of that name, through
+// checkpoint-N.old: io::replace_directory).
 void publish_checkpoint(const std::filesystem::path& partial, const std::filesystem::path& checkpoint);
+// "checkpoint-N".
+bool is_checkpoint_name(const std::string& name);
 // Keeps the newest `limit` whole checkpoints (all when no limit).
 void remove_old_checkpoints(const std::filesystem::path& output_dir, std::optional<int> limit);
 

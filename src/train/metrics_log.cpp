@@ -26,14 +26,11 @@ std::string lines_up_to(const std::string& text, int64_t last_step) {
 MetricsLog::MetricsLog(const std::filesystem::path& path, int64_t resumed_step) {
   std::filesystem::create_directories(path.parent_path());
   if (std::filesystem::exists(path)) io::write_text_file(path, lines_up_to(io::read_text_file(path), resumed_step));
-  out_.open(path, std::ios::app);
-  SD_CHECK(out_.is_open(), "{}: cannot open the metrics log for writing", path.string());
+  out_ = std::make_unique<io::FileWriter>(path, path, /*append=*/true);
 }
 
 void MetricsLog::write(const nlohmann::json& record) {
-  if (!out_.is_open()) return;
-  out_ << record.dump() << '\n';
-  out_.flush();
+  if (out_) out_->write(record.dump() + "\n");
 }
 
 }  // namespace sd::train

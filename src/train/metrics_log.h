@@ -3,8 +3,10 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
+
+#include "io/atomic_file.h"
 
 namespace sd::train {
 
@@ -15,10 +17,10 @@ class MetricsLog {
   // belong to the interrupted run beyond its last checkpoint and are about to be trained again.
   MetricsLog(const std::filesystem::path& path, int64_t resumed_step);
   void write(const nlohmann::json& record);
-  bool is_open() const { return out_.is_open(); }
+  bool is_open() const { return out_ != nullptr; }
 
  private:
-  std::ofstream out_;
+  std::unique_ptr<io::FileWriter> out_;  // unbuffered: each line reaches the file as it is written
 };
 
 }  // namespace sd::train

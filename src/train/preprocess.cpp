@@ -27,6 +27,7 @@ namespace {
 
 void validate(const PreprocessOptions& o) {
   SD_CHECK(!o.output_dir.empty(), "--output_dir is required: the folder the latent shards go to");
+  io::check_output_dir("--output_dir", o.output_dir);
   SD_CHECK(o.inputs.train_data_dir.empty() != o.inputs.train_shards.empty(),
            "give exactly one of --train_data_dir and --train_shards");
   SD_CHECK(!o.resolution.empty(), "--resolution: give at least one");

@@ -125,16 +125,6 @@ std::string summary_event(int64_t step, const ProtoMessage& value) {
       .encoded();
 }
 
-std::string encode_png(const io::RgbImage& image) {
-  std::string png;
-  auto append = [](void* context, void* data, int size) {
-    static_cast<std::string*>(context)->append(static_cast<const char*>(data), size);
-  };
-  SD_CHECK(stbi_write_png_to_func(append, &png, image.width, image.height, 3, image.pixels.data(), image.width * 3),
-           "could not PNG-encode a {}x{} image for TensorBoard", image.width, image.height);
-  return png;
-}
-
 // The name PyTorch's SummaryWriter gives its files (without its in-process counter); TensorBoard reads any file
 // whose name contains "tfevents". The pid keeps apart two processes started in the same second.
 fs::path new_event_file_path(const fs::path& dir) {
@@ -154,8 +144,7 @@ std::string metric_tag(const std::string& key) {
 
 TensorBoardWriter::TensorBoardWriter(const fs::path& dir) : path_(new_event_file_path(dir)) {
   fs::create_directories(dir);
-  out_.open(path_, std::ios::binary);
-  SD_CHECK(out_.is_open(), "{}: cannot open the TensorBoard event file for writing", path_.string());
+  out_ = std::make_unique<io::FileWriter>(path_);
   // The first record names the format; TensorBoard checks it before reading the rest.
   write_record(ProtoMessage()
                    .float64(event_field::kWallTime, unix_seconds_now())
@@ -175,14 +164,12 @@ void TensorBoardWriter::add_image(const std::string& tag, int64_t step, const io
                                .varint(image_field::kHeight, image.height)
                                .varint(image_field::kWidth, image.width)
                                .varint(image_field::kColorspace, kColorspaceRgb)
-                               .bytes(image_field::kEncodedImageString, encode_png(image));
+                               .bytes(image_field::kEncodedImageString, io::encode_png(image));
   write_record(summary_event(step, ProtoMessage().bytes(value_field::kTag, tag).message(value_field::kImage, png)));
 }
 
-void TensorBoardWriter::flush() {
-  out_.flush();
-  SD_CHECK(out_.good(), "{}: could not write the TensorBoard event file", path_.string());
-}
+// Records go to the file as they are written (FileWriter does not buffer).
+void TensorBoardWriter::flush() {}
 
 void TensorBoardWriter::write_record(const std::string& event) {
   // TFRecord framing: uint64 length, masked CRC of those 8 bytes, the data, masked CRC of the data.
@@ -192,7 +179,7 @@ void TensorBoardWriter::write_record(const std::string& event) {
   append_little_endian(record, masked_crc32c(length), 4);
   record += event;
   append_little_endian(record, masked_crc32c(event), 4);
-  out_.write(record.data(), static_cast<std::streamsize>(record.size()));
+  out_->write(record);
 }
 
 void write_metrics_record(TensorBoardWriter& writer, const nlohmann::json& record) {

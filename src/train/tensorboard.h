@@ -4,10 +4,11 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "io/atomic_file.h"
 #include "io/image.h"
 
 namespace sd::train {
@@ -29,7 +30,7 @@ class TensorBoardWriter {
  private:
   void write_record(const std::string& event);
   std::filesystem::path path_;
-  std::ofstream out_;
+  std::unique_ptr<io::FileWriter> out_;
 };
 
 // Writes one metrics record (the object metrics.jsonl holds for an optimizer step: {"step": 12, "loss": ..., ...})

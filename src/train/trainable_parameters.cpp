@@ -3,6 +3,7 @@
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -293,71 +294,131 @@ namespace {
 struct StoredPiece {
   std::string file, key;
   int64_t begin = 0, end = 0;
+  std::vector<int64_t> shape;  // the parameter's, for a whole tensor (begin 0, end numel); empty for a piece
 };
 
 // (kind, parameter) -> where its elements are stored.
 using PieceIndex = std::map<std::pair<std::string, std::string>, std::vector<StoredPiece>>;
 
-PieceIndex index_pieces(const json& manifest, const fs::path& dir) {
+// The trained-state part of a manifest, every field a resume reads checked for its type and range, so that a
+// damaged checkpoint is named in one line instead of resuming as if nothing happened.
+struct StoredState {
+  std::map<std::string, std::vector<int64_t>> shapes;  // parameter -> shape
+  std::vector<std::string> names;                      // in the checkpoint's order
+  int64_t optimizer_steps = 0;
+  int64_t ema_optimization_step = 0;
   PieceIndex index;
-  if (manifest.contains("whole_files")) {
+};
+
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+StoredState parse_stored_state(const json& manifest, const fs::path& dir) {
+  const std::string where = (dir / "manifest.json").string();
+  StoredState s;
+  try {
     for (const auto& p : manifest.at("parameters")) {
-      int64_t numel = 1;
-      for (const auto& d : p.at("shape")) numel *= d.get<int64_t>();
-      for (const auto& [kind, where] : manifest.at("whole_files").items())
-        index[{kind, p.at("name")}].push_back(
-            {where.at("file"), fill_key(where.at("key"), p.at("name").get<std::string>()), 0, numel});
+      const auto name = p.at("name").get<std::string>();
+      const auto shape = p.at("shape").get<std::vector<int64_t>>();
+      SD_CHECK(shape.size() <= 8 && std::all_of(shape.begin(), shape.end(), [](int64_t d) { return d >= 0; }) &&
+                   numel_of(shape) <= (int64_t{1} << 40),
+               "{}: trained tensor {} has an impossible shape [{}]", where, name, fmt::join(shape, ", "));
+      s.names.push_back(name);
+      s.shapes[name] = shape;
     }
+    s.optimizer_steps = manifest.at("optimizer_steps").get<int64_t>();
+    s.ema_optimization_step = manifest.value("ema_optimization_step", int64_t{0});
+    if (manifest.contains("whole_files"))
+      for (const auto& name : s.names)
+        for (const auto& [kind, file] : manifest.at("whole_files").items())
+          s.index[{kind, name}].push_back({file.at("file").get<std::string>(),
+                                           fill_key(file.at("key").get<std::string>(), name), 0,
+                                           numel_of(s.shapes[name]), s.shapes[name]});
+    if (manifest.contains("pieces"))
+      for (const auto& p : manifest.at("pieces")) {
+        StoredPiece piece{p.at("file").get<std::string>(),
+                          p.at("key").get<std::string>(),
+                          p.at("begin").get<int64_t>(),
+                          p.at("end").get<int64_t>(),
+                          {}};
+        const auto param = p.at("param").get<std::string>();
+        SD_CHECK(s.shapes.count(param), "{}: a piece of '{}', which the checkpoint does not train", where, param);
+        SD_CHECK(0 <= piece.begin && piece.begin <= piece.end && piece.end <= numel_of(s.shapes[param]),
+                 "{}: the piece {}..{} of {} lies outside its {} elements", where, piece.begin, piece.end, param,
+                 numel_of(s.shapes[param]));
+        s.index[{p.at("kind").get<std::string>(), param}].push_back(std::move(piece));
+      }
+  } catch (const json::exception& e) {
+    fail("{}: malformed trained state ({})", where, e.what());
   }
-  if (manifest.contains("pieces"))
-    for (const auto& p : manifest.at("pieces"))
-      index[{p.at("kind"), p.at("param")}].push_back({p.at("file"), p.at("key"), p.at("begin"), p.at("end")});
-  return index;
+  SD_CHECK(s.optimizer_steps >= 0, "{}: negative optimizer step count {}", where, s.optimizer_steps);
+  SD_CHECK(s.ema_optimization_step >= 0 && s.ema_optimization_step <= s.optimizer_steps,
+           "{}: EMA step {} is outside 0..{} (the optimizer steps)", where, s.ema_optimization_step, s.optimizer_steps);
+  return s;
+}
+
+// A stored state tensor as training wrote it: float32, finite, shaped like its parameter when whole, and for the
+// second moments never negative (AdamW takes their square root).
+void check_stored_tensor(const at::Tensor& t, const StoredPiece& piece, const std::string& kind, const fs::path& file) {
+  const std::string what = fmt::format("{}: tensor '{}'", file.string(), piece.key);
+  SD_CHECK(t.scalar_type() == at::kFloat, "{} is {}, expected float32 {} state", what,
+           std::string(c10::toString(t.scalar_type())), kind);
+  if (!piece.shape.empty())
+    SD_CHECK(t.sizes().vec() == piece.shape, "{} has shape [{}], its parameter [{}]", what, fmt::join(t.sizes(), ", "),
+             fmt::join(piece.shape, ", "));
+  SD_CHECK(t.numel() == piece.end - piece.begin, "{} has {} elements, the manifest says {}", what, t.numel(),
+           piece.end - piece.begin);
+  const int64_t nonfinite = t.numel() - at::isfinite(t).sum().item<int64_t>();
+  SD_CHECK(nonfinite == 0,
+           "{} holds {} NaN or infinite values ({} state): the checkpoint is damaged or the run had diverged", what,
+           nonfinite, kind);
+  SD_CHECK(kind != "exp_avg_sq" || t.numel() == 0 || t.min().item<float>() >= 0,
+           "{} holds negative second moments (exp_avg_sq is a mean of squares): the checkpoint is damaged", what);
 }
 
 }  // namespace
 
 void TrainableParameters::load(const fs::path& dir, const json& manifest) {
   at::NoGradGuard no_grad;
-  const json& stored = manifest.at("parameters");
-  SD_CHECK(stored.size() == params_.size(), "{}: the checkpoint trains {} tensors, this run {}", dir.string(),
-           stored.size(), params_.size());
+  const StoredState stored = parse_stored_state(manifest, dir);
+  SD_CHECK(stored.names.size() == params_.size(), "{}: the checkpoint trains {} tensors, this run {}", dir.string(),
+           stored.names.size(), params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
-    const auto shape = stored[i].at("shape").get<std::vector<int64_t>>();
-    SD_CHECK(stored[i].at("name") == params_[i].name && shape == params_[i].tensor.sizes().vec(),
+    const auto& shape = stored.shapes.at(stored.names[i]);
+    SD_CHECK(stored.names[i] == params_[i].name && shape == params_[i].tensor.sizes().vec(),
              "{}: the checkpoint's trained tensor {} is {} [{}], this run's is {} [{}]", dir.string(), i,
-             stored[i].at("name").get<std::string>(), fmt::join(shape, ", "), params_[i].name,
-             fmt::join(params_[i].tensor.sizes(), ", "));
+             stored.names[i], fmt::join(shape, ", "), params_[i].name, fmt::join(params_[i].tensor.sizes(), ", "));
   }
-  const PieceIndex index = index_pieces(manifest, dir);
   std::map<std::string, std::unique_ptr<io::SafeTensorsFile>> files;
-  auto read = [&](const StoredPiece& piece) {
+  auto read = [&](const StoredPiece& piece, const std::string& kind) {
     auto& file = files[piece.file];
     if (!file) file = std::make_unique<io::SafeTensorsFile>(dir / piece.file);
     SD_CHECK(file->contains(piece.key), "{}: missing tensor '{}'", (dir / piece.file).string(), piece.key);
-    at::Tensor t = file->read(piece.key).reshape({-1});
-    SD_CHECK(t.numel() == piece.end - piece.begin, "{}: tensor '{}' has {} elements, the manifest says {}",
-             (dir / piece.file).string(), piece.key, t.numel(), piece.end - piece.begin);
-    return t;
+    at::Tensor t = file->read(piece.key);
+    check_stored_tensor(t, piece, kind, dir / piece.file);
+    return t.reshape({-1});
   };
 
   std::vector<StateKind> kinds = {StateKind::kMaster, StateKind::kExpAvg, StateKind::kExpAvgSq};
-  const bool stored_ema = index.count({"ema", params_.front().name}) > 0;
+  const bool stored_ema = stored.index.count({"ema", params_.front().name}) > 0;
   if (ema_ && stored_ema) kinds.push_back(StateKind::kEma);
   for (StateKind kind : kinds) {
     const std::string kind_name = state_kind_name(kind);
     for (size_t b = 0; b < layout_->buckets().size(); ++b) {
       for (const dist::OwnedPiece& want : layout_->owned_pieces(b, rank_)) {
         const std::string& name = params_[want.param].name;
-        auto it = index.find({kind_name, name});
-        SD_CHECK(it != index.end(), "{}: the checkpoint has no {} state for {}", dir.string(), kind_name, name);
+        auto it = stored.index.find({kind_name, name});
+        SD_CHECK(it != stored.index.end(), "{}: the checkpoint has no {} state for {}", dir.string(), kind_name, name);
         int64_t covered = 0;
         for (const StoredPiece& have : it->second) {
           const int64_t lo = std::max(want.begin, have.begin), hi = std::min(want.end, have.end);
           if (lo >= hi) continue;
           state_of(kind)[b]
               .narrow(0, want.offset + lo - want.begin, hi - lo)
-              .copy_(read(have).narrow(0, lo - have.begin, hi - lo));
+              .copy_(read(have, kind_name).narrow(0, lo - have.begin, hi - lo));
           covered += hi - lo;
         }
         SD_CHECK(covered == want.end - want.begin, "{}: the checkpoint's {} state of {} covers {} of {} elements",
@@ -365,13 +426,13 @@ void TrainableParameters::load(const fs::path& dir, const json& manifest) {
       }
     }
   }
-  adam_.set_state(adam_.exp_avg(), adam_.exp_avg_sq(), manifest.at("optimizer_steps").get<int64_t>());
+  adam_.set_state(adam_.exp_avg(), adam_.exp_avg_sq(), stored.optimizer_steps);
   if (ema_) {
     if (!stored_ema) {
       for (size_t b = 0; b < master_.size(); ++b) ema_->shadow()[b].copy_(master_[b]);
       log::warn("{} holds no EMA weights; the EMA starts from the resumed weights", dir.string());
     }
-    ema_->set_optimization_step(stored_ema ? manifest.at("ema_optimization_step").get<int64_t>() : 0);
+    ema_->set_optimization_step(stored_ema ? stored.ema_optimization_step : 0);
   }
   refresh_compute_weights(StateKind::kMaster);
 }

@@ -19,6 +19,7 @@
 #include "io/image.h"
 #include "io/json_config.h"
 #include "perf/op_profiler.h"
+#include "pipeline/stable_diffusion.h"
 #include "pipeline/txt2img.h"
 #include "train/checkpoints.h"
 #include "train/run_agreement.h"
@@ -85,6 +86,9 @@ RunContext start_run(const TrainerOptions& o) {
   RunContext context;
   context.comm = dist::make_communicator(env, comm_options);
   log::set_rank(context.comm->rank(), context.comm->world_size());
+  // Every rank writes its part of each checkpoint there; after the rendezvous, so that the others hear of a failure
+  // at once instead of waiting for this rank to join.
+  if (!o.measure_only && !o.output_dir.empty()) io::check_output_dir("--output_dir", o.output_dir);
   context.layout = {o.train_batch_size, accumulation_for(o, context.comm->world_size()), context.comm->world_size()};
   // Every rank must use the same seed: rank 0 draws one when none is given.
   at::Tensor seed = at::tensor(static_cast<int64_t>(o.seed.value_or(std::random_device{}() & 0x7fffffff)), at::kLong);
@@ -157,7 +161,7 @@ json Trainer::run_settings() const {
 }
 
 void Trainer::resume_and_open_outputs() {
-  if (is_main()) discard_partial_checkpoints(output_dir_);
+  if (is_main()) recover_interrupted_outputs();
   context_.comm->barrier();
   if (auto checkpoint = resolve_checkpoint(output_dir_, options_.resume_from_checkpoint)) {
     resume_from(*checkpoint);
@@ -170,6 +174,17 @@ void Trainer::resume_and_open_outputs() {
   json run = options_.run_info;
   run["world_size"] = context_.layout.world;
   io::write_text_file(output_dir_ / options_.logging_dir / "run.json", run.dump(2) + "\n");
+}
+
+// What a killed run left in the output folder: a checkpoint-N or pipeline folder caught between its old and new
+// version (restored or finished), temporary files and folders of dead processes, unfinished checkpoints.
+void Trainer::recover_interrupted_outputs() {
+  io::recover_interrupted_writes(output_dir_, [](const std::string& name) {
+    return is_checkpoint_name(name) || pipeline::is_component_folder(name);
+  });
+  for (const fs::path& sub : {fs::path(options_.logging_dir), fs::path("validation")})
+    io::recover_interrupted_writes(output_dir_ / sub, [](const std::string&) { return false; });
+  discard_partial_checkpoints(output_dir_);
 }
 
 StepReport Trainer::train_step() {
@@ -314,7 +329,15 @@ void Trainer::save_checkpoint() {
 }
 
 void Trainer::resume_from(const fs::path& dir) {
-  const json manifest = read_manifest(dir);
+  try {
+    resume_from_manifest(dir, read_manifest(dir));
+  } catch (const json::exception& e) {
+    fail("{}: malformed checkpoint ({})", (dir / kManifestName).string(), e.what());
+  }
+  log::info("resuming from {} (step {})", dir.string(), state_.step);
+}
+
+void Trainer::resume_from_manifest(const fs::path& dir, const json& manifest) {
   SD_CHECK(manifest.at("task") == task_.name(), "{}: a {} checkpoint cannot resume a {} run", dir.string(),
            manifest.at("task").get<std::string>(), task_.name());
   const json identity = task_.identity();
@@ -331,9 +354,15 @@ void Trainer::resume_from(const fs::path& dir) {
   state_.step = stored.step;
   state_.seed = context_.seed = stored.seed;  // tasks draw their randomness from the context's seed
   state_.samples_seen = stored.samples_seen;
+  state_.nonfinite_steps_skipped = stored.nonfinite_steps_skipped;  // --skip_nonfinite_steps counts over the run
   params_->load(dir, manifest.at("trained"));
+  // Every finished step took one optimizer step except the ones whose update was dropped: anything else means the
+  // checkpoint's files do not belong together.
+  SD_CHECK(params_->optimizer_steps() == stored.step - stored.nonfinite_steps_skipped,
+           "{}: the optimizer state has taken {} steps, but training_state.json says step {} with {} skipped: the "
+           "checkpoint is damaged",
+           dir.string(), params_->optimizer_steps(), stored.step, stored.nonfinite_steps_skipped);
   task_.load_extra_state(manifest.value("task_state", json::object()));
-  log::info("resuming from {} (step {})", dir.string(), state_.step);
 }
 
 }  // namespace sd::train

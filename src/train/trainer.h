@@ -106,6 +106,7 @@ class Trainer {
  private:
   // Leftovers of an interrupted run removed, the checkpoint to resume from loaded, metrics and run.json opened.
   void resume_and_open_outputs();
+  void recover_interrupted_outputs();
   // What must be equal on every rank: the command's flags (less the per-machine ones), the data the task found,
   // the number of trained values and the step resumed from.
   nlohmann::json run_settings() const;
@@ -115,6 +116,7 @@ class Trainer {
   void record(const StepReport& report, double seconds);
   void save_checkpoint();
   void resume_from(const std::filesystem::path& checkpoint);
+  void resume_from_manifest(const std::filesystem::path& checkpoint, const nlohmann::json& manifest);
   void validate(const StepReport& report);
   // validation/step-N-i.png, and the same images in the metrics (TensorBoard).
   void save_validation_images(int64_t step, const at::Tensor& images);

@@ -1,13 +1,18 @@
 // The real binary's dist-check under every launcher (sdtrain launch, Open MPI, MPICH Hydra, torchrun-style
 // variables), plus faults: a rank SIGKILLed, a rank hung, SIGTERM agreement, launch's failure propagation.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 #include <fstream>
 #include <set>
 #include <sstream>
 
+#include "dist/store_listen.h"
 #include "dist/threads.h"
 #include "process_util.h"
 #include "test_util.h"
@@ -229,6 +234,109 @@ TEST(DistProcesses, FrozenRankIsNamed) {
   // procs[1] is killed (SIGKILL reaches stopped processes) when it goes out of scope.
 }
 
+// Rank 0 hosts the rendezvous store, so SIGSTOP on it freezes the store too (its machine still accepts
+// connections): every wait of the others (the collective, the diagnosis and the heartbeat reading the store,
+// shutdown) must still end, naming rank 0, within the timeout plus one heartbeat window (1 s here) and some slack.
+TEST(DistProcesses, FrozenRankZeroIsNamedWithinTheTimeout) {
+  const auto timeout = seconds(3);
+  auto procs = start_torchrun_style(3, {"--dist_timeout", "3", "--wait_for_stop", "--threads", "1"});
+  for (int r = 0; r < 3; ++r)
+    ASSERT_TRUE(procs[r]->wait_for_output("waiting for a stop signal", seconds(60))) << procs[r]->output();
+  procs[0]->signal(SIGSTOP);
+  const auto frozen_at = std::chrono::steady_clock::now();
+  const bool ended = sd::test::wait_all({procs[1].get(), procs[2].get()}, seconds(60));
+  const auto waited = std::chrono::steady_clock::now() - frozen_at;
+  ASSERT_TRUE(ended) << "ranks 1 and 2 still waiting 60 s after rank 0 froze:\n"
+                     << procs[1]->output() << procs[2]->output();
+  for (int r : {1, 2}) {
+    const std::string out = procs[r]->output();
+    EXPECT_EQ(procs[r]->exit_code(), 1) << out;
+    auto lines = lines_of(out);
+    ASSERT_EQ(lines.size(), 2u) << out;  // the "waiting" line and the error
+    EXPECT_EQ(lines[1].rfind("sdtrain: error: rank 0 lost (the master store at 127.0.0.1:", 0), 0u) << out;
+    EXPECT_NE(lines[1].find("did not answer within 1 s"), std::string::npos) << out;
+  }
+  EXPECT_LT(waited, timeout + seconds(5));
+  // procs[0] is killed (SIGKILL reaches stopped processes) when it goes out of scope.
+}
+
+// The same under sdtrain launch: the surviving ranks fail, and launch ends the frozen rank 0 (SIGTERM stays pending
+// on a stopped process; SIGKILL after the grace period does not) and exits.
+TEST(DistProcesses, LaunchEndsWhenRankZeroIsFrozen) {
+  Process launch({sd::test::sdtrain_binary(), "launch", "--nproc_per_node", "3", "--grace_period", "1", "--",
+                  "dist-check", "--dist_timeout", "3", "--wait_for_stop", "--threads", "1"},
+                 clean_env());
+  for (int r = 0; r < 3; ++r)
+    ASSERT_TRUE(launch.wait_for_output(fmt::format("rank {} waiting for a stop signal", r), seconds(60)))
+        << launch.output();
+  const std::string out = launch.output();
+  const std::string marker = "rank 0 waiting for a stop signal (pid ";
+  const pid_t rank0 = std::atoi(out.c_str() + out.find(marker) + marker.size());
+  ASSERT_GT(rank0, 1) << out;
+  ASSERT_EQ(kill(rank0, SIGSTOP), 0);
+  ASSERT_TRUE(launch.wait(seconds(60))) << "launch still running 60 s after rank 0 froze:\n" << launch.output();
+  EXPECT_EQ(launch.exit_code(), 1) << launch.output();
+  EXPECT_NE(launch.output().find("sdtrain: error: rank 0 lost (the master store at 127.0.0.1:"), std::string::npos)
+      << launch.output();
+  EXPECT_NE(launch.output().find("sending SIGKILL"), std::string::npos) << launch.output();
+}
+
+// Local addresses (hex, as /proc/net/tcp and tcp6 print them) of the TCP sockets listening on `port`.
+std::vector<std::string> listening_addresses(int port) {
+  std::vector<std::string> out;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // the header
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, state;
+      fields >> slot >> local >> remote >> state;
+      const auto colon = local.rfind(':');
+      if (state == "0A" && std::stoi(local.substr(colon + 1), nullptr, 16) == port)
+        out.push_back(local.substr(0, colon));
+    }
+  }
+  return out;
+}
+
+bool connects(const std::string& ipv4, int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, ipv4.c_str(), &addr.sin_addr);
+  const bool ok = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  close(fd);
+  return ok;
+}
+
+// The store has no authentication, so on one machine it must not be reachable from the network.
+TEST(DistProcesses, LaunchStoreListensOnLoopbackOnly) {
+  const int port = sd::test::free_port();
+  Process launch({sd::test::sdtrain_binary(), "launch", "--nproc_per_node", "2", "--master_port", std::to_string(port),
+                  "--", "dist-check", "--dist_timeout", "30", "--wait_for_stop", "--threads", "1"},
+                 clean_env());
+  for (int r = 0; r < 2; ++r)
+    ASSERT_TRUE(launch.wait_for_output(fmt::format("rank {} waiting for a stop signal", r), seconds(60)))
+        << launch.output();
+  const auto listening = listening_addresses(port);
+  ASSERT_FALSE(listening.empty()) << "nothing listens on port " << port;
+  const std::set<std::string> loopback{"0100007F", "0000000000000000FFFF00000100007F",
+                                       "00000000000000000000000001000000"};
+  for (const auto& address : listening) EXPECT_TRUE(loopback.count(address)) << address << " is not loopback";
+  int tried = 0;
+  for (const auto& address : local_interface_addresses()) {
+    if (address.find(':') != std::string::npos || address.rfind("127.", 0) == 0) continue;
+    EXPECT_FALSE(connects(address, port)) << "the store answers on " << address;
+    ++tried;
+  }
+  if (tried == 0) std::printf("(no non-loopback IPv4 address on this machine to try a connection on)\n");
+  launch.signal(SIGTERM);
+  ASSERT_TRUE(launch.wait(seconds(30))) << launch.output();
+  EXPECT_EQ(launch.exit_code(), 0) << launch.output();
+}
+
 TEST(DistProcesses, SigtermOnOneRankStopsAllAtTheSameStep) {
   auto procs = start_torchrun_style(2, {"--dist_timeout", "30", "--wait_for_stop", "--threads", "1"});
   for (int r = 0; r < 2; ++r)
@@ -317,7 +425,7 @@ TEST(DistProcesses, HelpShowsEveryFlagWithItsDefault) {
   auto check = sd::test::run_process({sd::test::sdtrain_binary(), "dist-check", "--help"}, seconds(30));
   EXPECT_EQ(check.exit_code, 0);
   for (const char* s :
-       {"--dist_timeout,--dist-timeout FLOAT=300", "--dist_iface,--dist-iface TEXT", "--threads INT=0",
+       {"--dist_timeout,--dist-timeout FLOAT=300", "--dist_iface,--dist-iface TEXT", "--threads INT:0..1024=0",
         "--size_mb,--size-mb FLOAT=1", "Test-only", "--die_after_ms INT=-1", "--hang", "--fault_rank INT=-1"})
     EXPECT_NE(check.output.find(s), std::string::npos) << s << "\n" << check.output;
 }

@@ -242,14 +242,21 @@ void expect_one_line_error(const std::string& args, const std::string& needle) {
 }
 
 // A model whose weights went NaN (a diverged training run) must not give black PNGs and exit 0.
-TEST(Generate, NonFiniteImagesAreAnErrorAndNothingIsWritten) {
-  sd::test::TempDir dir;
-  const fs::path model = dir.path() / "nan-model";
+// A copy of tiny-sd1 whose UNet conv_out.bias is filled with `value`.
+fs::path model_with_conv_out_bias(const fs::path& dir, float value) {
+  const fs::path model = dir / "model";
   fs::copy(sd::test::fixtures() / "tiny-sd1", model, fs::copy_options::recursive);
   const fs::path unet = model / "unet" / "diffusion_pytorch_model.safetensors";
   io::TensorMap weights = io::load_safetensors(unet);
-  weights.at("conv_out.bias").fill_(std::numeric_limits<float>::quiet_NaN());
+  weights.at("conv_out.bias").fill_(value);
   io::save_safetensors(unet, weights);
+  return model;
+}
+
+TEST(Generate, NonFiniteImagesAreAnErrorAndNothingIsWritten) {
+  sd::test::TempDir dir;
+  // Finite weights so large that the sampling overflows: a diverged model that loads.
+  const fs::path model = model_with_conv_out_bias(dir.path(), 3e38f);
   const fs::path out = dir.path() / "out";
   EXPECT_TRUE(sd::test::is_one_line_error(
       generate("--model " + quote(model.string()) + " --prompt x --num_inference_steps 2 --height 64 --width 64 " +
@@ -258,13 +265,22 @@ TEST(Generate, NonFiniteImagesAreAnErrorAndNothingIsWritten) {
   EXPECT_FALSE(fs::exists(out / "grid.png"));
 }
 
+TEST(Generate, NonFiniteWeightsAreRefusedAtLoadNamingTheTensor) {
+  sd::test::TempDir dir;
+  const fs::path model = model_with_conv_out_bias(dir.path(), std::numeric_limits<float>::quiet_NaN());
+  EXPECT_TRUE(sd::test::is_one_line_error(
+      generate("--model " + quote(model.string()) + " --prompt x --num_inference_steps 2 --height 64 --width 64 " +
+               "--seed 1 --output_dir " + quote((dir.path() / "out").string())),
+      "unet/diffusion_pytorch_model.safetensors: tensor 'conv_out.bias' holds 4 NaN or infinite values (of 4)"));
+}
+
 TEST(Generate, BadInputGetsOneClearLine) {
   sd::test::TempDir dir;
   const std::string model = "--model " + tiny() + " --prompt cat --seed 1 --threads 1 --output_dir " +
                             quote((dir.path() / "out").string()) + " ";
   const std::string base = model + "--num_inference_steps 1 ";
   expect_one_line_error(base + "--scheduler bogus", "unknown scheduler \"bogus\"");
-  expect_one_line_error(model + "--num_inference_steps 0", "--num_inference_steps must be >= 1, got 0");
+  expect_one_line_error(model + "--num_inference_steps 0", "--num_inference_steps: 0 is outside 1..10000");
   expect_one_line_error(base + "--height 66", "--height 66 is not a positive multiple of 4, the VAE's scale factor");
   expect_one_line_error(base + "--width 30", "--width 30 is not a positive multiple of 4");
 

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "io/torch_zip_util.h"
+#include "pipeline/a1111_embedding.h"
 #include "test_util.h"
 
 namespace sd::pipeline {
@@ -56,16 +57,7 @@ TEST(EmbeddingFile, ReadsA1111TorchSaveFiles) {
   // {"string_to_token": {"*": 265}, "string_to_param": {"*": vectors}, "name": ..., "step": ...}, as A1111 saves.
   sd::test::TempDir dir;
   auto vectors = at::randn({2, 8});
-  c10::impl::GenericDict token(c10::StringType::get(), c10::IntType::get());
-  token.insert("*", int64_t{265});
-  c10::impl::GenericDict param(c10::StringType::get(), c10::TensorType::get());
-  param.insert("*", vectors);
-  c10::impl::GenericDict root(c10::StringType::get(), c10::AnyType::get());
-  root.insert("string_to_token", token);
-  root.insert("string_to_param", param);
-  root.insert("name", std::string("my-style"));
-  root.insert("step", int64_t{500});
-  auto bytes = torch::pickle_save(root);
+  auto bytes = sd::test::a1111_embedding_bytes(vectors, "my-style");
   std::ofstream(dir.path() / "embedding.pt", std::ios::binary).write(bytes.data(), bytes.size());
   EmbeddingFile e = load_embedding_file(dir.path() / "embedding.pt");
   EXPECT_EQ(e.token, "my-style");

@@ -74,6 +74,17 @@ ClipTextConfig ClipTextConfig::from_json(const io::JsonConfig& file_cfg) {
                                    {"num_attention_heads", c.num_attention_heads},
                                    {"max_position_embeddings", c.max_position_embeddings}})
     if (value <= 0) cfg.fail_key(key, "a positive integer");
+  // A few times the largest text towers of the SD family (OpenCLIP bigG: width 1280, 32 layers, 20 heads, 77
+  // positions, 49408 tokens), before any weight is allocated.
+  for (const auto& [key, value, limit] :
+       {std::tuple{"vocab_size", c.vocab_size, int64_t{1} << 20},
+        std::tuple{"hidden_size", c.hidden_size, int64_t{8192}},
+        std::tuple{"intermediate_size", c.intermediate_size, int64_t{32768}},
+        std::tuple{"num_hidden_layers", c.num_hidden_layers, int64_t{128}},
+        std::tuple{"num_attention_heads", c.num_attention_heads, int64_t{256}},
+        std::tuple{"max_position_embeddings", c.max_position_embeddings, int64_t{4096}},
+        std::tuple{"projection_dim", c.projection_dim, int64_t{8192}}})
+    io::check_at_most(cfg.source(), key, value, limit);
   if (c.hidden_size % c.num_attention_heads != 0)
     cfg.fail_key("num_attention_heads", fmt::format("a divisor of hidden_size {}", c.hidden_size));
   if (!kActivations.count(c.hidden_act))

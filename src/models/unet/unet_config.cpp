@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <cmath>
+#include <tuple>
 
 #include "core/error.h"
 #include "models/diffusers_blocks.h"
@@ -188,7 +189,25 @@ void UNetConfig::validate() const {
   };
   const size_t n = num_blocks();
   SD_CHECK(n >= 1, "{}: key 'block_out_channels' must not be empty", src);
-  for (auto ch : block_out_channels) SD_CHECK(ch > 0, "{}: key 'block_out_channels' must be positive", src);
+  // Upper bounds a few times those of the largest SD-family UNets (SDXL: 3 blocks, 1280 channels, 10 transformer
+  // layers; SD: 2 resnets per block, 8 or 20 heads), before any weight is allocated.
+  io::check_at_most(src, "block_out_channels (entries)", static_cast<int64_t>(n), 6);
+  for (auto ch : block_out_channels) {
+    SD_CHECK(ch > 0, "{}: key 'block_out_channels' must be positive", src);
+    io::check_at_most(src, "block_out_channels", ch, 4096);
+  }
+  for (const auto& [key, v, limit] : {std::tuple{"layers_per_block", &layers_per_block, 8},
+                                      std::tuple{"transformer_layers_per_block", &transformer_layers_per_block, 16},
+                                      std::tuple{"cross_attention_dim", &cross_attention_dim, 8192},
+                                      std::tuple{"attention_head_dim", &attention_head_dim, 1024}})
+    for (auto x : v->values) io::check_at_most(src, key, x, limit);
+  io::check_at_most(src, "in_channels", in_channels, 256);
+  io::check_at_most(src, "out_channels", out_channels, 256);
+  io::check_at_most(src, "conv_in_kernel", conv_in_kernel, 15);
+  io::check_at_most(src, "conv_out_kernel", conv_out_kernel, 15);
+  io::check_at_most(src, "downsample_padding", downsample_padding, 15);
+  if (time_embedding_dim) io::check_at_most(src, "time_embedding_dim", *time_embedding_dim, 16384);
+  if (sample_size) io::check_at_most(src, "sample_size", *sample_size, 4096);
   SD_CHECK(down_block_types.size() == n, "{}: key 'down_block_types' has {} entries but block_out_channels has {}", src,
            down_block_types.size(), n);
   SD_CHECK(up_block_types.size() == n, "{}: key 'up_block_types' has {} entries but down_block_types has {}", src,

@@ -54,6 +54,14 @@ void VaeConfig::validate() const {
   const std::string& src = source;
   const size_t n = block_out_channels.size();
   SD_CHECK(n >= 1, "{}: key 'block_out_channels' must not be empty", src);
+  // A few times SD's VAE (4 blocks of up to 512 channels, 2 resnets each), before any weight is allocated.
+  io::check_at_most(src, "block_out_channels (entries)", static_cast<int64_t>(n), 6);
+  for (auto ch : block_out_channels) io::check_at_most(src, "block_out_channels", ch, 4096);
+  io::check_at_most(src, "layers_per_block", layers_per_block, 8);
+  io::check_at_most(src, "in_channels", in_channels, 256);
+  io::check_at_most(src, "out_channels", out_channels, 256);
+  io::check_at_most(src, "latent_channels", latent_channels, 256);
+  io::check_at_most(src, "sample_size", sample_size, 16384);
   SD_CHECK(down_block_types.size() == n, "{}: key 'down_block_types' has {} entries but block_out_channels has {}", src,
            down_block_types.size(), n);
   SD_CHECK(up_block_types.size() == n, "{}: key 'up_block_types' has {} entries but block_out_channels has {}", src,

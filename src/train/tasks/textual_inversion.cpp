@@ -190,11 +190,7 @@ void TextualInversionTask::save_embeddings(const at::Tensor& rows, const fs::pat
   c10::Dict<std::string, at::Tensor> dict;
   dict.insert(o_.placeholder_token, rows.clone());
   const std::vector<char> bytes = torch::pickle_save(dict);
-  io::write_atomically(path, [&](const fs::path& tmp) {
-    std::ofstream out(tmp, std::ios::binary);
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    SD_CHECK(out.good(), "{}: could not write", tmp.string());
-  });
+  io::write_file_atomically(path, [&](io::FileWriter& out) { out.write(bytes.data(), bytes.size()); });
 }
 
 void TextualInversionTask::write_rows_into_text_encoder(const at::Tensor& rows) {

@@ -1,0 +1,53 @@
+// Where rank 0's rendezvous store listens: the address MASTER_ADDR names when it is this machine's (loopback only
+// for single-machine runs), else every interface with the reason.
+#include <gtest/gtest.h>
+
+#include "dist/store_listen.h"
+
+namespace sd::dist {
+namespace {
+
+DistEnv env_of(const std::string& master, int world, int local_world) {
+  DistEnv env;
+  env.world_size = world;
+  env.local_world_size = local_world;
+  env.master_addr = master;
+  return env;
+}
+
+TEST(StoreListenAddress, SingleMachineRunsListenOnLoopback) {
+  std::string why;
+  EXPECT_EQ(store_listen_address(env_of("127.0.0.1", 2, 2), {}, &why), "127.0.0.1");
+  EXPECT_EQ(store_listen_address(env_of("::1", 2, 2), {}, &why), "::1");
+  // localhost resolves to a loopback address of either family.
+  auto localhost = store_listen_address(env_of("localhost", 3, 3), {}, &why);
+  ASSERT_TRUE(localhost.has_value()) << why;
+  EXPECT_TRUE(*localhost == "127.0.0.1" || *localhost == "::1") << *localhost;
+}
+
+TEST(StoreListenAddress, MachineAddressIsKeptWhenItIsThisMachines) {
+  std::string why;
+  EXPECT_EQ(store_listen_address(env_of("10.77.0.1", 4, 2), {"127.0.0.1", "10.77.0.1"}, &why), "10.77.0.1");
+  EXPECT_EQ(store_listen_address(env_of("10.77.0.1", 2, 2), {"10.77.0.1"}, &why), "10.77.0.1");
+}
+
+TEST(StoreListenAddress, EveryInterfaceWithTheReasonOtherwise) {
+  std::string why;
+  // A hostname that resolves to loopback on rank 0's machine (Debian's 127.0.1.1) while ranks span machines: the
+  // other machines could not reach a store on loopback.
+  EXPECT_EQ(store_listen_address(env_of("127.0.1.1", 4, 2), {"10.77.0.1"}, &why), std::nullopt);
+  EXPECT_NE(why.find("MASTER_ADDR=127.0.1.1 is 127.0.1.1 on rank 0's machine, a loopback address"), std::string::npos)
+      << why;
+  EXPECT_EQ(store_listen_address(env_of("10.77.0.9", 4, 2), {"10.77.0.1"}, &why), std::nullopt);
+  EXPECT_NE(why.find("MASTER_ADDR=10.77.0.9 is not an address of rank 0's machine"), std::string::npos) << why;
+  EXPECT_EQ(store_listen_address(env_of("no-such-host.invalid", 4, 2), {}, &why), std::nullopt);
+  EXPECT_NE(why.find("does not resolve"), std::string::npos) << why;
+}
+
+TEST(StoreListenAddress, InterfaceAddressesIncludeLoopback) {
+  auto local = local_interface_addresses();
+  EXPECT_NE(std::find(local.begin(), local.end(), "127.0.0.1"), local.end());
+}
+
+}  // namespace
+}  // namespace sd::dist

@@ -1,0 +1,124 @@
+// Resuming the trained state from a checkpoint that was damaged: every way it can be wrong is one line naming the
+// file (and tensor) and what is wrong, never a resume that goes on as if nothing happened.
+#include "train/trainable_parameters.h"
+
+#include <limits>
+
+#include "core/error.h"
+#include "io/safetensors.h"
+#include "test_util.h"
+
+namespace sd::train {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// Two small trained tensors after one AdamW step, so every state (weights, both moments) is non-trivial.
+class Trained {
+ public:
+  Trained() : params_(make(), TrainableOptions{}, std::make_shared<dist::LocalCommunicator>()) {
+    const at::Tensor loss = (params_.parameters()[0].tensor.sum() * 3 + params_.parameters()[1].tensor.pow(2).sum());
+    params_.backward(loss, true, true);
+    params_.reduce_gradients(1, std::nullopt);
+    params_.step(1e-2);
+  }
+  TrainableParameters& get() { return params_; }
+
+ private:
+  static std::vector<NamedParameter> make() {
+    return {{"w", at::randn({3, 4}).requires_grad_()}, {"b", at::randn({4}).requires_grad_()}};
+  }
+  TrainableParameters params_;
+};
+
+struct Saved {
+  sd::test::TempDir dir;
+  json manifest;
+};
+
+std::unique_ptr<Saved> save_one() {
+  auto saved = std::make_unique<Saved>();
+  Trained trained;
+  saved->manifest = trained.get().save(saved->dir.path(), WholeTensorFiles{});
+  return saved;
+}
+
+// The error a fresh run gets resuming from `saved` after `damage`.
+std::string resume_error(const std::function<void(const fs::path& dir, json& manifest)>& damage) {
+  auto saved = save_one();
+  damage(saved->dir.path(), saved->manifest);
+  Trained fresh;
+  return sd::test::error_of([&] { fresh.get().load(saved->dir.path(), saved->manifest); });
+}
+
+// Rewrites one tensor of a checkpoint file.
+void edit_tensor(const fs::path& file, const std::string& key, const std::function<at::Tensor(at::Tensor)>& edit) {
+  io::TensorMap tensors = io::load_safetensors(file);
+  tensors[key] = edit(tensors.at(key));
+  io::save_safetensors(file, tensors);
+}
+
+TEST(TrainableParametersResume, AnUndamagedCheckpointLoads) {
+  EXPECT_EQ(resume_error([](const fs::path&, json&) {}), "");
+}
+
+TEST(TrainableParametersResume, ManifestDamageIsNamed) {
+  EXPECT_NE(resume_error([](const fs::path&, json& m) {
+              m["optimizer_steps"] = -3;
+            }).find("manifest.json: negative optimizer step count -3"),
+            std::string::npos);
+  EXPECT_NE(resume_error([](const fs::path&, json& m) { m.erase("optimizer_steps"); })
+                .find("manifest.json: malformed trained state ([json.exception.out_of_range.403] key "
+                      "'optimizer_steps' not found)"),
+            std::string::npos);
+  EXPECT_NE(resume_error([](const fs::path&, json& m) {
+              m["optimizer_steps"] = "many";
+            }).find("manifest.json: malformed trained state"),
+            std::string::npos);
+  EXPECT_NE(resume_error([](const fs::path&, json& m) {
+              m["ema_optimization_step"] = 5;
+            }).find("manifest.json: EMA step 5 is outside 0..1 (the optimizer steps)"),
+            std::string::npos);
+  EXPECT_NE(resume_error([](const fs::path&, json& m) {
+              m["parameters"][0]["shape"] = {3, -4};
+            }).find("manifest.json: trained tensor w has an impossible shape [3, -4]"),
+            std::string::npos);
+}
+
+TEST(TrainableParametersResume, MissingOrEmptyOptimizerStateIsNamed) {
+  EXPECT_NE(resume_error([](const fs::path& dir, json&) {
+              io::save_safetensors(dir / "optimizer.safetensors", {});
+            }).find("optimizer.safetensors: missing tensor 'b.exp_avg'"),
+            std::string::npos);
+  EXPECT_NE(resume_error([](const fs::path& dir, json&) {
+              io::TensorMap t = io::load_safetensors(dir / "optimizer.safetensors");
+              t.erase("w.exp_avg_sq");
+              io::save_safetensors(dir / "optimizer.safetensors", t);
+            }).find("optimizer.safetensors: missing tensor 'w.exp_avg_sq'"),
+            std::string::npos);
+}
+
+TEST(TrainableParametersResume, DamagedTensorsAreNamed) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_NE(resume_error([&](const fs::path& dir, json&) {
+              edit_tensor(dir / "optimizer.safetensors", "w.exp_avg",
+                          [&](at::Tensor t) { return t.index_fill(0, at::tensor({int64_t{1}}), nan); });
+            }).find("optimizer.safetensors: tensor 'w.exp_avg' holds 4 NaN or infinite values (exp_avg state)"),
+            std::string::npos);
+  EXPECT_NE(resume_error([](const fs::path& dir, json&) {
+              edit_tensor(dir / "optimizer.safetensors", "b.exp_avg_sq", [](at::Tensor t) { return -t - 1; });
+            }).find("optimizer.safetensors: tensor 'b.exp_avg_sq' holds negative second moments"),
+            std::string::npos);
+  EXPECT_NE(resume_error([](const fs::path& dir, json&) {
+              edit_tensor(dir / "model.safetensors", "w", [](at::Tensor t) { return t.t().contiguous(); });
+            }).find("model.safetensors: tensor 'w' has shape [4, 3], its parameter [3, 4]"),
+            std::string::npos);
+  EXPECT_NE(resume_error([](const fs::path& dir, json&) {
+              edit_tensor(dir / "model.safetensors", "b", [](at::Tensor t) { return t.to(at::kHalf); });
+            }).find("model.safetensors: tensor 'b' is Half, expected float32 master state"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace sd::train
