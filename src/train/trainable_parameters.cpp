@@ -386,11 +386,14 @@ void TrainableParameters::load(const fs::path& dir, const json& manifest) {
   const StoredState stored = parse_stored_state(manifest, dir);
   SD_CHECK(stored.names.size() == params_.size(), "{}: the checkpoint trains {} tensors, this run {}", dir.string(),
            stored.names.size(), params_.size());
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const auto& shape = stored.shapes.at(stored.names[i]);
-    SD_CHECK(stored.names[i] == params_[i].name && shape == params_[i].tensor.sizes().vec(),
-             "{}: the checkpoint's trained tensor {} is {} [{}], this run's is {} [{}]", dir.string(), i,
-             stored.names[i], fmt::join(shape, ", "), params_[i].name, fmt::join(params_[i].tensor.sizes(), ", "));
+  // By name: the order is the layout's business, not the checkpoint's.
+  for (const NamedParameter& p : params_) {
+    const auto stored_shape = stored.shapes.find(p.name);
+    SD_CHECK(stored_shape != stored.shapes.end(), "{}: the checkpoint does not train {}, which this run trains",
+             dir.string(), p.name);
+    SD_CHECK(stored_shape->second == p.tensor.sizes().vec(),
+             "{}: the checkpoint's trained tensor {} is [{}], this run's is [{}]", dir.string(), p.name,
+             fmt::join(stored_shape->second, ", "), fmt::join(p.tensor.sizes(), ", "));
   }
   std::map<std::string, std::unique_ptr<io::SafeTensorsFile>> files;
   auto read = [&](const StoredPiece& piece, const std::string& kind) {

@@ -93,6 +93,20 @@ TEST_F(LatentShards, MissingOrMismatchedPiecesAreOneErrorNamingThem) {
   write_index(gap);
   EXPECT_NE(error().find("expected consecutive, non-empty ranges"), std::string::npos);
 
+  // An index claiming far more samples than a shard can name is refused before anything is sized by the claim.
+  io::save_safetensors(dir() / "latents-00001.safetensors", sample(2, 1));
+  json huge = index();
+  huge["shards"][1]["samples"] = int64_t{1} << 40;
+  write_index(huge);
+  EXPECT_NE(error().find("shard latents-00001.safetensors claims 1099511627776 samples, more than 10000000"),
+            std::string::npos)
+      << error();
+  // A claim within that bound but beyond what the shard holds is refused by the shard's check, naming the sample.
+  json more = index();
+  more["shards"][1]["samples"] = 5000;
+  write_index(more);
+  EXPECT_NE(error().find("latents-00001.safetensors: no tensor '3.latent_mean.64'"), std::string::npos) << error();
+
   fs::remove(dir() / "index.json");
   EXPECT_NE(error().find("no index.json (not written by `sdtrain preprocess`, or its preprocessing has not finished"),
             std::string::npos);

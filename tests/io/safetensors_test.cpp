@@ -148,6 +148,16 @@ TEST(SafeTensors, ShapeDoesNotMatchByteLength) {
             std::string::npos);
 }
 
+// 2^62 + 1 float32 elements are 2^64 + 4 bytes: the byte count must not wrap around to the 4 bytes stored.
+TEST(SafeTensors, ShapeWhoseByteSizeOverflows) {
+  TempDir dir;
+  auto path = dir.path() / "a.safetensors";
+  write_raw(path, R"({"a":{"dtype":"F32","shape":[4611686018427387905],"data_offsets":[0,4]}})", 4);
+  EXPECT_NE(error_of(path).find("tensor 'a' shape overflows"), std::string::npos) << error_of(path);
+  write_raw(path, R"({"a":{"dtype":"F32","shape":[4294967296,4294967297],"data_offsets":[0,4]}})", 4);
+  EXPECT_NE(error_of(path).find("tensor 'a' shape overflows"), std::string::npos) << error_of(path);
+}
+
 TEST(SafeTensors, OverlappingTensors) {
   TempDir dir;
   auto path = dir.path() / "a.safetensors";

@@ -181,6 +181,15 @@ TEST(TorchFile, RefusesViewsOutsideTheirStorageAndMislabelledStorages) {
   err = error_of(write("rank.bin", sd::test::one_tensor_pickle("w", 4, 0, {2, 2}, {1}), 16));
   EXPECT_NE(err.find("2 sizes but 1 strides"), std::string::npos) << err;
 
+  // Stride 0 repeats one stored element: a view may be larger than its storage, but not without bound, and its
+  // byte count must not overflow.
+  EXPECT_EQ(error_of(write("broadcast.bin", sd::test::one_tensor_pickle("w", 4, 0, {1000, 4}, {0, 1}), 16)), "");
+  err = error_of(write("repeat.bin", sd::test::one_tensor_pickle("w", 4, 0, {1 << 20, 1 << 10}, {0, 0}), 16));
+  EXPECT_NE(err.find("repeats its storage '0' of 4 elements into more than 1 GiB"), std::string::npos) << err;
+  err = error_of(write("repeat_overflow.bin",
+                       sd::test::one_tensor_pickle("w", 4, 0, {0x7fffffff, 0x7fffffff, 0x7fffffff}, {0, 0, 0}), 16));
+  EXPECT_NE(err.find("repeats its storage"), std::string::npos) << err;
+
   const fs::path no_storage = dir.path() / "no_storage.bin";
   sd::test::write_bytes(no_storage,
                         sd::test::zip_of({{"archive/data.pkl", sd::test::one_tensor_pickle("w", 4, 0, {4}, {1})}}));

@@ -14,10 +14,11 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-// Two small trained tensors after one AdamW step, so every state (weights, both moments) is non-trivial.
+// Two small trained tensors after one AdamW step and one EMA update, so every state (weights, both moments, EMA
+// shadow) is non-trivial.
 class Trained {
  public:
-  Trained() : params_(make(), TrainableOptions{}, std::make_shared<dist::LocalCommunicator>()) {
+  Trained() : params_(make(), with_ema(), std::make_shared<dist::LocalCommunicator>()) {
     const at::Tensor loss = (params_.parameters()[0].tensor.sum() * 3 + params_.parameters()[1].tensor.pow(2).sum());
     params_.backward(loss, true, true);
     params_.reduce_gradients(1, std::nullopt);
@@ -26,6 +27,11 @@ class Trained {
   TrainableParameters& get() { return params_; }
 
  private:
+  static TrainableOptions with_ema() {
+    TrainableOptions options;
+    options.ema = EmaOptions{};
+    return options;
+  }
   static std::vector<NamedParameter> make() {
     return {{"w", at::randn({3, 4}).requires_grad_()}, {"b", at::randn({4}).requires_grad_()}};
   }
@@ -61,6 +67,31 @@ void edit_tensor(const fs::path& file, const std::string& key, const std::functi
 
 TEST(TrainableParametersResume, AnUndamagedCheckpointLoads) {
   EXPECT_EQ(resume_error([](const fs::path&, json&) {}), "");
+}
+
+// Parameters are matched by name: a run that lists them in another order (another bucket layout) resumes the same
+// state, and one that trains other tensors is told which.
+TEST(TrainableParametersResume, MatchesParametersByNameNotPosition) {
+  auto saved = save_one();
+  TrainableOptions options;
+  options.ema = EmaOptions{};
+  auto run_of = [&](std::vector<NamedParameter> params) {
+    return std::make_unique<TrainableParameters>(std::move(params), options,
+                                                 std::make_shared<dist::LocalCommunicator>());
+  };
+  auto reordered = run_of({{"b", at::zeros({4}).requires_grad_()}, {"w", at::zeros({3, 4}).requires_grad_()}});
+  reordered->load(saved->dir.path(), saved->manifest);
+  const io::TensorMap stored = io::load_safetensors(saved->dir.path() / "model.safetensors");
+  const io::TensorMap stored_ema = io::load_safetensors(saved->dir.path() / "ema.safetensors");
+  for (const std::string name : {"w", "b"}) {
+    EXPECT_TRUE(at::equal(reordered->gather(StateKind::kMaster).at(name), stored.at(name))) << name;
+    EXPECT_TRUE(at::equal(reordered->gather(StateKind::kEma).at(name), stored_ema.at(name))) << name;
+  }
+  auto renamed = run_of({{"w", at::zeros({3, 4}).requires_grad_()}, {"bias", at::zeros({4}).requires_grad_()}});
+  EXPECT_NE(sd::test::error_of([&] {
+              renamed->load(saved->dir.path(), saved->manifest);
+            }).find("the checkpoint does not train bias, which this run trains"),
+            std::string::npos);
 }
 
 TEST(TrainableParametersResume, ManifestDamageIsNamed) {
@@ -117,6 +148,24 @@ TEST(TrainableParametersResume, DamagedTensorsAreNamed) {
   EXPECT_NE(resume_error([](const fs::path& dir, json&) {
               edit_tensor(dir / "model.safetensors", "b", [](at::Tensor t) { return t.to(at::kHalf); });
             }).find("model.safetensors: tensor 'b' is Half, expected float32 master state"),
+            std::string::npos);
+}
+
+TEST(TrainableParametersResume, DamagedEmaWeightsAreNamed) {
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_NE(resume_error([&](const fs::path& dir, json&) {
+              edit_tensor(dir / "ema.safetensors", "b", [&](at::Tensor t) { return t.fill_(inf); });
+            }).find("ema.safetensors: tensor 'b' holds 4 NaN or infinite values (ema state)"),
+            std::string::npos);
+  EXPECT_NE(resume_error([](const fs::path& dir, json&) {
+              edit_tensor(dir / "ema.safetensors", "w", [](at::Tensor t) { return t.reshape({12}); });
+            }).find("ema.safetensors: tensor 'w' has shape [12], its parameter [3, 4]"),
+            std::string::npos);
+  EXPECT_NE(resume_error([](const fs::path& dir, json&) {
+              io::TensorMap t = io::load_safetensors(dir / "ema.safetensors");
+              t.erase("b");
+              io::save_safetensors(dir / "ema.safetensors", t);
+            }).find("ema.safetensors: missing tensor 'b'"),
             std::string::npos);
 }
 
