@@ -40,16 +40,10 @@ GradientReducer::GradientReducer(std::shared_ptr<Communicator> comm, std::vector
            layout_.world(), comm_->world_size());
   const size_t num_buckets = layout_.buckets().size();
   buffers_.resize(num_buckets);
-  pooled_of_.resize(num_buckets);
   ready_.assign(num_buckets, 0);
   folded_.assign(num_buckets, false);
   written_.assign(params_.size(), false);
-  for (size_t b = 0; b < num_buckets; ++b) {
-    if (sharded_)
-      owned_sums_.push_back(at::zeros({layout_.owned_numel(b, rank_)}, at::kFloat));
-    else
-      buffers_[b] = at::zeros({layout_.buckets()[b].padded_numel}, at::kFloat);
-  }
+  owned_sums_.resize(num_buckets);
   for (size_t i = 0; i < params_.size(); ++i) {
     const at::Tensor& p = params_[i];
     SD_CHECK(p.defined() && p.requires_grad() && p.is_leaf(),
@@ -108,18 +102,20 @@ void GradientReducer::on_grad_ready(size_t i) {
   }
 }
 
+// Sharded, at most this many buckets travel while backward goes on; a bucket needing a buffer beyond that first
+// waits for the oldest to arrive, so communication slower than backward cannot pile up gradients.
+constexpr size_t kMaxBucketsInFlight = 2;
+
+// Buffers are allocated when a bucket's first gradient of the step (sharded: of the micro-batch) arrives and released
+// after the optimizer step (sharded: once reduced), so gradient memory grows while backward frees the activations
+// instead of adding to them. Each has its bucket's own size: with sharding, gradients of later buckets can wait in
+// theirs while an earlier bucket is still incomplete, and a pool sized by the largest bucket would waste most.
 at::Tensor& GradientReducer::buffer_for(size_t b) {
   if (!buffers_[b].defined()) {
-    // Sharded: a pooled buffer for this micro-batch; when all are travelling, wait for the oldest to arrive.
-    if (free_buffers_.empty() && !in_flight_.empty()) complete_oldest_locked();
-    if (free_buffers_.empty()) {
-      int64_t largest = 0;
-      for (const Bucket& bucket : layout_.buckets()) largest = std::max(largest, bucket.padded_numel);
-      free_buffers_.push_back(at::empty({largest}, at::kFloat));
-    }
-    pooled_of_[b] = free_buffers_.back();
-    free_buffers_.pop_back();
-    buffers_[b] = pooled_of_[b].narrow(0, 0, layout_.buckets()[b].padded_numel);
+    while (sharded_ && in_flight_.size() >= kMaxBucketsInFlight) complete_oldest_locked();
+    buffers_[b] = at::empty({layout_.buckets()[b].padded_numel}, at::kFloat);
+    buffered_bytes_ += buffers_[b].nbytes();
+    peak_buffered_bytes_ = std::max(peak_buffered_bytes_, buffered_bytes_);
   }
   return buffers_[b];
 }
@@ -143,10 +139,10 @@ void GradientReducer::send_bucket_locked(size_t b) {
     if (!written_[slot.param]) buffer.narrow(0, slot.offset, slot.numel).zero_();
   if (bucket.padded_numel > bucket.numel) buffer.narrow(0, bucket.numel, bucket.padded_numel - bucket.numel).zero_();
   if (sharded_) {
-    in_flight_.push_back({b, buffer, pooled_of_[b], comm_->reduce_scatter_sum_async(buffer)});
-    buffers_[b] = pooled_of_[b] = at::Tensor();  // the pooled buffer travels; it returns to the pool once folded in
+    in_flight_.push_back({b, buffer, comm_->reduce_scatter_sum_async(buffer)});
+    buffers_[b] = at::Tensor();  // the buffer travels; it is released once folded in
   } else {
-    in_flight_.push_back({b, buffer, buffer, comm_->allreduce_sum_async(buffer)});
+    in_flight_.push_back({b, buffer, comm_->allreduce_sum_async(buffer)});
   }
 }
 
@@ -160,9 +156,9 @@ void GradientReducer::complete_oldest_locked() {
   if (folded_[f.bucket])
     owned_sums_[f.bucket].add_(mine);
   else
-    owned_sums_[f.bucket].copy_(mine);
+    owned_sums_[f.bucket] = mine.clone();
   folded_[f.bucket] = true;
-  free_buffers_.push_back(f.pooled);
+  buffered_bytes_ -= f.buffer.nbytes();
 }
 
 void GradientReducer::check_hook_error_locked() {
@@ -179,11 +175,14 @@ void GradientReducer::end_micro_batch() {
   send_ready_buckets_locked(/*flush=*/true);
 }
 
-const std::vector<at::Tensor>& GradientReducer::finish() {
+std::vector<at::Tensor> GradientReducer::finish() {
   std::lock_guard<std::mutex> lock(mutex_);
   check_hook_error_locked();
   while (!in_flight_.empty()) complete_oldest_locked();
-  return sharded_ ? owned_sums_ : buffers_;
+  std::vector<at::Tensor> reduced(buffers_.size());
+  std::swap(reduced, sharded_ ? owned_sums_ : buffers_);
+  if (!sharded_) buffered_bytes_ = 0;
+  return reduced;
 }
 
 }  // namespace sd::dist

@@ -35,18 +35,21 @@ class GradientReducer {
   // Sends the buckets backward left incomplete (a parameter without a gradient counts as zeros).
   void end_micro_batch();
   // After the last micro-batch: waits for every bucket and returns per bucket this rank's owned slice of the gradient
-  // summed over ranks and micro-batches (float32, layout.owned_numel(b, rank) elements). Throws sd::Error naming a
-  // lost rank if a collective failed.
-  const std::vector<at::Tensor>& finish();
+  // summed over ranks and micro-batches (float32, layout.owned_numel(b, rank) elements). The reducer keeps no
+  // reference to them: they are freed when the caller drops them. Throws sd::Error naming a lost rank if a
+  // collective failed.
+  std::vector<at::Tensor> finish();
 
   // How many buckets were sent while backward was still running, in the last step (for tests and metrics).
   int64_t buckets_sent_during_backward() const { return sent_during_backward_; }
+  // The most bytes of gradient buffers alive at once so far: sharded, one micro-batch's buckets being filled, waiting
+  // for an earlier bucket or travelling (the owned sums not counted); unsharded, the step's whole gradient.
+  int64_t peak_buffered_bytes() const { return peak_buffered_bytes_; }
 
  private:
   struct InFlight {
     size_t bucket;
-    at::Tensor buffer;  // the bucket's gradients, a view of `pooled` when sharded
-    at::Tensor pooled;
+    at::Tensor buffer;
     std::unique_ptr<PendingCollective> pending;
   };
   void on_grad_ready(size_t param);
@@ -62,11 +65,9 @@ class GradientReducer {
   int rank_;
   bool sharded_;
   // Without sharding: the whole step's gradient per bucket. With sharding: per bucket the micro-batch being
-  // gathered (from a small pool) and the running sum of the owned slice.
+  // gathered and the running sum of the owned slice. All undefined between steps (see buffer_for).
   std::vector<at::Tensor> buffers_;
-  std::vector<at::Tensor> pooled_of_;  // sharded: the pool buffer behind buffers_[b]
   std::vector<at::Tensor> owned_sums_;
-  std::vector<at::Tensor> free_buffers_;
   std::deque<InFlight> in_flight_;
   std::vector<bool> written_;  // parameter's gradient copied in during this micro-batch (or step, unsharded)
   std::vector<size_t> ready_;  // per bucket: parameters whose gradient is in
@@ -74,6 +75,7 @@ class GradientReducer {
   bool first_ = true, last_ = true, in_backward_ = false;
   std::vector<bool> folded_;  // sharded: bucket folded into owned_sums_ during this step
   int64_t sent_during_backward_ = 0;
+  int64_t buffered_bytes_ = 0, peak_buffered_bytes_ = 0;
   std::string hook_error_;
   std::mutex mutex_;
   std::vector<std::shared_ptr<void>> accumulators_;  // keeps each AccumulateGrad node (and our hook) alive

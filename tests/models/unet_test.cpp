@@ -1,8 +1,11 @@
 #include "models/unet/unet_2d_condition.h"
 
 #include <ATen/ATen.h>
+
+#include <set>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include "dist/gradient_reducer.h"
 #include "model_test_util.h"
 #include "models/weights.h"
 
@@ -265,6 +268,54 @@ TEST(UNetLoading, RejectsInputsThatDoNotFit) {
               unet->forward(at::zeros({2, 4, 8, 8}), t, at::zeros({2, 77, 32}, at::kBFloat16));
             }),
             "");
+}
+
+// ----- parameter order for gradient buckets ---------------------------------------------------------------------
+
+// Peak bytes of gradient buffers a sharded reducer holds for one backward of the tiny UNet when its buckets (of
+// about 1/20 of the model each) take the parameters in `order`: buckets whose gradients are complete wait while an
+// earlier bucket is not.
+int64_t peak_gradient_buffers(UNet2DConditionModel& unet, const std::vector<at::Tensor>& order, int64_t* cap_bytes) {
+  std::vector<int64_t> numels;
+  int64_t total = 0;
+  for (const at::Tensor& p : order) {
+    numels.push_back(p.numel());
+    total += p.numel();
+  }
+  const dist::BucketLayout layout(numels, total / 20, 1, /*sharded=*/true);
+  *cap_bytes = 4 * (total / 20);
+  dist::GradientReducer reducer(std::make_shared<dist::LocalCommunicator>(), order, layout);
+  auto g = io::load_safetensors(golden("tiny-sd1/unet.safetensors"));
+  reducer.begin_micro_batch(true, true);
+  at::mse_loss(unet->forward(g.at("input.sample"), g.at("input.timestep"), g.at("input.encoder_hidden_states")),
+               g.at("input.target"))
+      .backward();
+  reducer.end_micro_batch();
+  reducer.finish();
+  return reducer.peak_buffered_bytes();
+}
+
+TEST(UNetParameters, ForwardOrderBucketsFillInTheOrderBackwardProducesGradients) {
+  UNet2DConditionModel unet = load_unet(fixtures() / "tiny-sd1" / "unet");
+  std::vector<at::Tensor> forward_order;
+  std::set<std::string> names;
+  for (const auto& [name, p] : unet->named_parameters_in_forward_order()) {
+    forward_order.push_back(p);
+    names.insert(name);
+  }
+  ASSERT_EQ(forward_order.size(), unet->parameters().size());
+  ASSERT_EQ(names.size(), forward_order.size()) << "every parameter once";
+  EXPECT_EQ(unet->named_parameters_in_forward_order().front().first, "time_embedding.linear_1.weight");
+  EXPECT_EQ(unet->named_parameters_in_forward_order().back().first, "conv_out.bias");
+
+  int64_t cap_bytes = 0;
+  const int64_t in_forward_order = peak_gradient_buffers(unet, forward_order, &cap_bytes);
+  const int64_t in_registration_order = peak_gradient_buffers(unet, unet->parameters(), &cap_bytes);
+  std::cout << "  [bytes] peak gradient buffers: forward order " << in_forward_order << ", registration order "
+            << in_registration_order << ", bucket cap " << cap_bytes << "\n";
+  // The bucket being filled, at most two travelling, and what one layer's out-of-order gradients add.
+  EXPECT_LE(in_forward_order, 4 * cap_bytes);
+  EXPECT_LT(in_forward_order, in_registration_order);
 }
 
 // ----- parameter counts -----------------------------------------------------------------------------------------

@@ -4,7 +4,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
+#include <tuple>
 
 #include "core/error.h"
 #include "models/checkpoint.h"
@@ -127,6 +130,42 @@ std::vector<at::Tensor> params_of(const nn::Module& m) {
 void UNet2DConditionModelImpl::set_memory_efficient_attention(bool enabled) {
   for (const auto& module : modules())
     if (auto* attention = dynamic_cast<AttentionImpl*>(module.get())) attention->set_memory_efficient(enabled);
+}
+
+namespace {
+
+// Where forward first uses parameter `name`: (stage, block, layer within the block). Names as diffusers has them.
+std::tuple<int, int64_t, int64_t> forward_position(const std::string& name) {
+  static const std::vector<std::string> stages = {"time_embedding", "conv_in",       "down_blocks", "mid_block",
+                                                  "up_blocks",      "conv_norm_out", "conv_out"};
+  std::vector<std::string> parts;
+  for (size_t begin = 0, end; begin <= name.size(); begin = end + 1) {
+    end = std::min(name.find('.', begin), name.size());
+    parts.push_back(name.substr(begin, end - begin));
+  }
+  const auto stage = static_cast<int>(std::find(stages.begin(), stages.end(), parts[0]) - stages.begin());
+  const bool in_block_list = parts[0] == "down_blocks" || parts[0] == "up_blocks";
+  const size_t layer_part = in_block_list ? 2 : 1;
+  const int64_t block = in_block_list ? std::stoll(parts[1]) : 0;
+  int64_t layer = 0;  // a block runs resnets[j], attentions[j] for j = 0, 1, ..., then its down/upsampler
+  if (parts.size() > layer_part + 1) {
+    const std::string& kind = parts[layer_part];
+    if (kind == "resnets") layer = 2 * std::stoll(parts[layer_part + 1]);
+    if (kind == "attentions") layer = 2 * std::stoll(parts[layer_part + 1]) + 1;
+    if (kind == "downsamplers" || kind == "upsamplers") layer = std::numeric_limits<int64_t>::max();
+  }
+  return {stage, block, layer};
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, at::Tensor>> UNet2DConditionModelImpl::named_parameters_in_forward_order() const {
+  std::vector<std::pair<std::string, at::Tensor>> params;
+  for (const auto& item : named_parameters(/*recurse=*/true)) params.emplace_back(item.key(), item.value());
+  // Stable: inside a layer, registration order is forward order.
+  std::stable_sort(params.begin(), params.end(),
+                   [](const auto& a, const auto& b) { return forward_position(a.first) < forward_position(b.first); });
+  return params;
 }
 
 std::vector<at::Tensor> UNet2DConditionModelImpl::run_down(size_t i, const at::Tensor& h, const at::Tensor& temb,

@@ -47,6 +47,11 @@ class UNet2DConditionModelImpl : public torch::nn::Module {
 
   const UNetConfig& config() const { return config_; }
 
+  // named_parameters() in the order forward first uses them, so backward produces their gradients in about the
+  // reverse order (what gradient buckets are filled and sent in). Registration order differs: a block registers all
+  // its resnets before its attentions but runs them interleaved, and the embeddings run before conv_in.
+  std::vector<std::pair<std::string, at::Tensor>> named_parameters_in_forward_order() const;
+
   Conv2d conv_in{nullptr}, conv_out{nullptr};
   TimestepEmbedding time_embedding{nullptr};
   torch::nn::ModuleList down_blocks, up_blocks;

@@ -108,8 +108,10 @@ data::ModelShapes UNetTrainingTask::model_shapes() const {
 
 std::vector<NamedParameter> UNetTrainingTask::trainable_parameters() {
   std::vector<NamedParameter> params;
-  for (const auto& item : pipe_->unet->named_parameters(/*recurse=*/true))
-    params.push_back({item.key(), item.value().requires_grad_(true)});
+  // In forward order, so gradient buckets fill in the order backward produces them (with sharding, finished
+  // buckets that must wait for an earlier one cost memory).
+  for (auto& [name, tensor] : pipe_->unet->named_parameters_in_forward_order())
+    params.push_back({name, tensor.requires_grad_(true)});
   return params;
 }
 
