@@ -359,9 +359,13 @@ class ProcessGroupCommunicator : public Communicator {
 
  private:
   int64_t begin_collective(const char* op) {
-    std::lock_guard<std::mutex> lock(ops_mutex_);
-    // After a failure every further collective reports the same first diagnosis.
-    if (failed_) throw Error(failure_.empty() ? "the process group failed earlier" : failure_);
+    std::unique_lock<std::mutex> lock(ops_mutex_);
+    // After a failure every further collective reports the same first diagnosis, waiting for it while another
+    // thread (the ring thread, say) is still diagnosing (which takes at most the heartbeat window and a few reads).
+    if (failed_) {
+      failure_cv_.wait_for(lock, window_ * 2 + std::chrono::seconds(10), [this] { return !failure_.empty(); });
+      throw Error(failure_.empty() ? "the process group failed earlier" : failure_);
+    }
     int64_t seq = ++issued_;
     // Only the names of collectives that may still be waited on are needed; a small ring keeps memory flat.
     op_names_[seq % op_names_.size()] = op;
@@ -391,6 +395,7 @@ class ProcessGroupCommunicator : public Communicator {
       std::lock_guard<std::mutex> lock(ops_mutex_);
       if (failure_.empty()) failure_ = message;
     }
+    failure_cv_.notify_all();
     throw Error(message);
   }
 
@@ -831,7 +836,8 @@ class ProcessGroupCommunicator : public Communicator {
   std::array<const char*, 4096> op_names_{};
   std::atomic<int64_t> issued_{0};
   std::atomic<bool> failed_{false};
-  std::string failure_;  // the first diagnosis, guarded by ops_mutex_
+  std::string failure_;                 // the first diagnosis, guarded by ops_mutex_
+  std::condition_variable failure_cv_;  // signalled when failure_ is set
   bool shut_down_ = false;
   std::thread monitor_;
   std::mutex monitor_mutex_;
