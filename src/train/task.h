@@ -32,7 +32,8 @@ class Task {
 
   // "textual-inversion", "unet", ...: progress bar label and checkpoint identity.
   virtual std::string name() const = 0;
-  // Every tensor the optimizer trains (float32 starting values), in a fixed order.
+  // Every tensor the optimizer trains (float32 starting values), in a fixed order: best the order forward uses them,
+  // since gradient buckets are filled in reverse (a bucket whose gradients arrive early waits for earlier buckets).
   virtual std::vector<NamedParameter> trainable_parameters() = 0;
   // Samples in one epoch (0 when the data has no epochs, e.g. a replayed run): sets the step count from
   // --num_train_epochs.
