@@ -41,7 +41,6 @@ GradientReducer::GradientReducer(std::shared_ptr<Communicator> comm, std::vector
   const size_t num_buckets = layout_.buckets().size();
   buffers_.resize(num_buckets);
   ready_.assign(num_buckets, 0);
-  folded_.assign(num_buckets, false);
   written_.assign(params_.size(), false);
   owned_sums_.resize(num_buckets);
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -69,7 +68,7 @@ void GradientReducer::begin_micro_batch(bool first, bool last) {
   in_backward_ = true;
   if (first) {
     sent_during_backward_ = 0;
-    folded_.assign(folded_.size(), false);
+    owned_sums_.assign(owned_sums_.size(), at::Tensor());  // only left over if a step was abandoned
   }
   // Unsharded, a step's micro-batches accumulate into the same buffers: the first write of a step copies.
   if (sharded_ || first) written_.assign(written_.size(), false);
@@ -153,11 +152,11 @@ void GradientReducer::complete_oldest_locked() {
   if (!sharded_) return;
   const at::Tensor mine =
       f.buffer.narrow(0, layout_.owned_begin(f.bucket, rank_), layout_.owned_numel(f.bucket, rank_));
-  if (folded_[f.bucket])
+  // The step's first reduced micro-batch starts each sum.
+  if (owned_sums_[f.bucket].defined())
     owned_sums_[f.bucket].add_(mine);
   else
     owned_sums_[f.bucket] = mine.clone();
-  folded_[f.bucket] = true;
   buffered_bytes_ -= f.buffer.nbytes();
 }
 

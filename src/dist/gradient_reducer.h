@@ -73,7 +73,6 @@ class GradientReducer {
   std::vector<size_t> ready_;  // per bucket: parameters whose gradient is in
   size_t next_to_send_ = 0;
   bool first_ = true, last_ = true, in_backward_ = false;
-  std::vector<bool> folded_;  // sharded: bucket folded into owned_sums_ during this step
   int64_t sent_during_backward_ = 0;
   int64_t buffered_bytes_ = 0, peak_buffered_bytes_ = 0;
   std::string hook_error_;
