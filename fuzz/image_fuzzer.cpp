@@ -1,5 +1,6 @@
-// The image decoders (stb for JPEG, PNG, BMP; libwebp for WebP) on arbitrary bytes, plus the header-only size
-// probe the bucketing uses.
+// The image decoders (libjpeg-turbo for JPEG, stb for PNG and BMP, libwebp for WebP) on arbitrary bytes, plus the
+// header-only size probe the bucketing uses. stb is compiled in instrumented (stb_image.cpp); the two libraries are
+// Debian's, uninstrumented, so only their callers' handling of what they return is checked.
 #include "fuzz_util.h"
 #include "io/image.h"
 

@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "io/atomic_file.h"
+#include "io/jpeg.h"
 
 namespace sd::io {
 
@@ -19,21 +20,25 @@ namespace fs = std::filesystem;
 
 namespace {
 
-bool is_webp(std::string_view bytes) {
-  return bytes.size() >= 12 && bytes.substr(0, 4) == "RIFF" && bytes.substr(8, 4) == "WEBP";
-}
+// The formats sdtrain reads, told apart by their signatures, and only these reach a decoder (libjpeg-turbo for JPEG,
+// libwebp for WebP, stb for PNG and BMP): stb would also try GIF, PSD, PIC, PNM, HDR and TGA, and TGA has no
+// signature, so damaged bytes could decode as a noise image and train silently.
+enum class ImageFormat { kJpeg, kPng, kBmp, kWebp, kUnknown };
 
-void check_pixel_count(int width, int height, const std::string& name) {
-  SD_CHECK(static_cast<uint64_t>(width) * static_cast<uint64_t>(height) <= kMaxImagePixels,
-           "{}: image of {}x{} pixels; expected at most {} pixels (PIL's decompression-bomb limit)", name, width,
-           height, kMaxImagePixels);
+ImageFormat format_of(std::string_view bytes) {
+  const auto starts_with = [&](std::string_view magic) { return bytes.substr(0, magic.size()) == magic; };
+  if (starts_with("\xFF\xD8")) return ImageFormat::kJpeg;
+  if (starts_with("\x89PNG\r\n\x1A\n")) return ImageFormat::kPng;
+  if (starts_with("BM")) return ImageFormat::kBmp;
+  if (bytes.size() >= 12 && starts_with("RIFF") && bytes.substr(8, 4) == "WEBP") return ImageFormat::kWebp;
+  return ImageFormat::kUnknown;
 }
 
 RgbImage decode_webp(std::string_view bytes, const std::string& name) {
   const auto* data = reinterpret_cast<const uint8_t*>(bytes.data());
   int width = 0, height = 0;
   SD_CHECK(WebPGetInfo(data, bytes.size(), &width, &height) != 0, "{}: cannot decode image (corrupt WebP data)", name);
-  check_pixel_count(width, height, name);
+  check_image_pixels(width, height, name);
   RgbImage image{width, height, std::vector<uint8_t>(static_cast<size_t>(width) * height * 3)};
   SD_CHECK(WebPDecodeRGBInto(data, bytes.size(), image.pixels.data(), image.pixels.size(), width * 3) != nullptr,
            "{}: cannot decode image (corrupt WebP data)", name);
@@ -46,9 +51,9 @@ RgbImage decode_with_stb(std::string_view bytes, const std::string& name) {
   const int length = static_cast<int>(bytes.size());
   int width = 0, height = 0, channels = 0;
   // The header alone first, so an absurd size is refused before any memory is spent on it.
-  if (stbi_info_from_memory(data, length, &width, &height, &channels) != 0) check_pixel_count(width, height, name);
+  if (stbi_info_from_memory(data, length, &width, &height, &channels) != 0) check_image_pixels(width, height, name);
   uint8_t* pixels = stbi_load_from_memory(data, length, &width, &height, &channels, 3);
-  SD_CHECK(pixels != nullptr, "{}: cannot decode image ({}); expected a valid JPEG, PNG, BMP or WebP file", name,
+  SD_CHECK(pixels != nullptr, "{}: cannot decode image ({}); expected a valid PNG or BMP file", name,
            stbi_failure_reason() ? stbi_failure_reason() : "unknown reason");
   RgbImage image{width, height, std::vector<uint8_t>(pixels, pixels + static_cast<size_t>(width) * height * 3)};
   stbi_image_free(pixels);
@@ -57,17 +62,35 @@ RgbImage decode_with_stb(std::string_view bytes, const std::string& name) {
 
 }  // namespace
 
+void check_image_pixels(int width, int height, const std::string& name) {
+  SD_CHECK(static_cast<uint64_t>(width) * static_cast<uint64_t>(height) <= kMaxImagePixels,
+           "{}: image of {}x{} pixels; expected at most {} pixels (PIL's decompression-bomb limit)", name, width,
+           height, kMaxImagePixels);
+}
+
 RgbImage decode_image_rgb(std::string_view bytes, const std::string& name) {
-  return is_webp(bytes) ? decode_webp(bytes, name) : decode_with_stb(bytes, name);
+  const ImageFormat format = format_of(bytes);
+  SD_CHECK(format != ImageFormat::kUnknown,
+           "{}: cannot decode image (unknown format); expected a JPEG, PNG, BMP or WebP file", name);
+  switch (format) {
+    case ImageFormat::kJpeg: return decode_jpeg(bytes, name);
+    case ImageFormat::kWebp: return decode_webp(bytes, name);
+    default: return decode_with_stb(bytes, name);
+  }
 }
 
 std::optional<std::pair<int, int>> image_size(std::string_view head) {
   int width = 0, height = 0, channels = 0;
   const auto* data = reinterpret_cast<const uint8_t*>(head.data());
-  const bool known =
-      is_webp(head) ? WebPGetInfo(data, head.size(), &width, &height) != 0
-                    : head.size() <= static_cast<size_t>(INT_MAX) &&
-                          stbi_info_from_memory(data, static_cast<int>(head.size()), &width, &height, &channels) != 0;
+  bool known = false;
+  switch (format_of(head)) {
+    case ImageFormat::kUnknown: break;
+    case ImageFormat::kJpeg: return jpeg_size(head);
+    case ImageFormat::kWebp: known = WebPGetInfo(data, head.size(), &width, &height) != 0; break;
+    default:
+      known = head.size() <= static_cast<size_t>(INT_MAX) &&
+              stbi_info_from_memory(data, static_cast<int>(head.size()), &width, &height, &channels) != 0;
+  }
   if (!known || width <= 0 || height <= 0) return std::nullopt;
   return std::make_pair(width, height);
 }

@@ -23,6 +23,9 @@ struct RgbImage {
 // PIL's decompression-bomb limit (twice Image.MAX_IMAGE_PIXELS, where it stops warning and refuses).
 constexpr uint64_t kMaxImagePixels = 2 * uint64_t{89'478'485};
 
+// Throws sd::Error naming `name` if an image of width × height has more pixels than PIL would open.
+void check_image_pixels(int width, int height, const std::string& name);
+
 // Decodes an image held in memory (a JPEG, PNG, BMP or WebP file's bytes, e.g. a tar member) to RGB; an alpha
 // channel is dropped without compositing (as PIL's convert("RGB")). Corrupt data, or an image of more pixels than
 // PIL would open (kMaxImagePixels), throws sd::Error naming `name`.
