@@ -22,6 +22,7 @@ class JpegReader {
     info_.err = jpeg_std_error(&errors_);
     errors_.error_exit = &JpegReader::on_error;
     errors_.emit_message = &JpegReader::on_message;
+    progress_.progress_monitor = &JpegReader::on_progress;
     info_.client_data = this;
   }
   ~JpegReader() { jpeg_destroy_decompress(&info_); }  // safe at any stage: it frees what was allocated
@@ -31,7 +32,8 @@ class JpegReader {
   // Reads the headers up to the first scan.
   bool read_header() {
     if (setjmp(jump_)) return false;
-    jpeg_create_decompress(&info_);
+    jpeg_create_decompress(&info_);  // zeroes every field but err and client_data
+    info_.progress = &progress_;
     jpeg_mem_src(&info_, reinterpret_cast<const unsigned char*>(bytes_.data()), bytes_.size());
     jpeg_read_header(&info_, TRUE);
     return !truncated_;
@@ -76,6 +78,16 @@ class JpegReader {
     info->err->format_message(info, self(info).message_);
   }
 
+  // A progressive JPEG may hold any number of scans, each a pass over the whole image, so a few KB could keep a loader
+  // thread busy for hours. libjpeg-turbo's TurboJPEG API stops at 500 (encoders write about 10), and so does sdtrain.
+  static constexpr int kMaxScans = 500;
+  static void on_progress(j_common_ptr info) {
+    const int scans = reinterpret_cast<j_decompress_ptr>(info)->input_scan_number;
+    if (scans <= kMaxScans) return;
+    std::snprintf(self(info).message_, JMSG_LENGTH_MAX, "more than %d progressive scans", kMaxScans);
+    std::longjmp(self(info).jump_, 1);
+  }
+
   // Pillow's conversion: the samples are stored inverted (Adobe's convention, which Pillow assumes for every CMYK
   // JPEG), then R = (255 - K) - C·(255 - K)/255 with Pillow's rounded division by 255, and the same for G and B.
   static void cmyk_to_rgb(const uint8_t* cmyk, uint8_t* rgb, int width) {
@@ -91,6 +103,7 @@ class JpegReader {
   std::string_view bytes_;
   jpeg_decompress_struct info_{};
   jpeg_error_mgr errors_{};
+  jpeg_progress_mgr progress_{};
   std::jmp_buf jump_{};
   char message_[JMSG_LENGTH_MAX] = "";
   bool truncated_ = false;

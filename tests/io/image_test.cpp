@@ -173,6 +173,17 @@ TEST(Image, JpegWithAnOverfullHuffmanTableIsAnError) {
   EXPECT_FALSE(image_size(jpeg).has_value());
 }
 
+TEST(Image, JpegOfMoreThan500ScansIsRefused) {
+  // The last scan of a progressive file repeated 600 times: each repeat would be one more pass over the image.
+  std::string jpeg = file_bytes(sd::test::fixtures() / "jpeg" / "progressive_422.jpg");
+  const size_t last_scan = jpeg.rfind("\xFF\xDA"), end = jpeg.rfind("\xFF\xD9");
+  ASSERT_LT(last_scan, end);
+  const std::string scan = jpeg.substr(last_scan, end - last_scan);
+  for (int i = 0; i < 600; ++i) jpeg.insert(end, scan);
+  EXPECT_EQ(error_of([&] { decode_image_rgb(jpeg, "scans.jpg"); }),
+            "scans.jpg: cannot decode image (corrupt JPEG data: more than 500 progressive scans)");
+}
+
 TEST(Image, OnlyJpegPngBmpAndWebpReachADecoder) {
   // An 18-byte TGA header (no signature: type 2, 2x2, 24 bits) followed by anything is a valid TGA to stb, so a damaged
   // file could decode as noise; GIF is a format stb reads but sdtrain does not claim.
