@@ -1,6 +1,8 @@
 // The UNet's convolutions at their real shapes: LibTorch's convolution (oneDNN) against models/conv2d.h's
 // im2col + GEMM, forward + backward (input, weight and bias gradients), float32. The JSON lines show where each is
-// faster, which is what conv2d()'s choice (at most 256 output pixels per batch: the GEMM) rests on.
+// faster, which is what conv2d()'s choice (at most 256 output pixels per batch: the GEMM) rests on. The third path,
+// "channels_last", is LibTorch's convolution on NHWC input, weight and gradient (as a UNet held channels-last would
+// pass them): oneDNN's native layout on CPU, so no reorder around each call.
 //   bench_conv [--threads N]
 #include <torch/csrc/autograd/autograd.h>
 
@@ -44,14 +46,18 @@ int main(int argc, char** argv) {
         {"out", c.out},     {"kernel", c.kernel},
         {"size", c.size},   {"conv2d_takes_gemm", sd::models::conv2d_runs_as_gemm(x0, w0, stride, padding)}};
     const double flops = 3.0 * 2 * c.batch * c.in * c.out * c.kernel * c.kernel * c.size * c.size;
-    for (const char* path : {"libtorch", "gemm"}) {
+    const auto nhwc = at::MemoryFormat::ChannelsLast;
+    const at::Tensor x0_nhwc = x0.contiguous(nhwc), w0_nhwc = w0.contiguous(nhwc), grad_nhwc = grad.contiguous(nhwc);
+    for (const char* path : {"libtorch", "gemm", "channels_last"}) {
+      const bool channels_last = std::strcmp(path, "channels_last") == 0;
       const auto timing = sd::bench::time_it(
           [&] {
-            const at::Tensor x = x0.detach().requires_grad_(), w = w0.detach().requires_grad_(),
+            const at::Tensor x = (channels_last ? x0_nhwc : x0).detach().requires_grad_(),
+                             w = (channels_last ? w0_nhwc : w0).detach().requires_grad_(),
                              b = b0.detach().requires_grad_();
             const at::Tensor y = std::strcmp(path, "gemm") == 0 ? sd::models::conv2d_as_gemm(x, w, b, stride, padding)
                                                                 : at::conv2d(x, w, b, stride, padding);
-            torch::autograd::backward({y}, {grad});
+            torch::autograd::backward({y}, {channels_last ? grad_nhwc : grad});
           },
           2, 7);
       line[path] = sd::bench::timing_json(timing);
