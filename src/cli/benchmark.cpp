@@ -52,8 +52,7 @@ struct BenchmarkOptions {
   int warmup = 2;
   std::string sharding = "no_shard";
   double bucket_cap_mb = 25;
-  bool gradient_checkpointing = false;
-  bool memory_efficient_attention = false;
+  models::UNetMemoryOptions unet_memory;
   std::optional<int64_t> lora_rank;  // unet: train LoRA adapters of this rank instead of the whole UNet
   std::string data = "latents";
   int num_inference_steps = 10;
@@ -142,8 +141,7 @@ void measure_unet_training(const BenchmarkOptions& o, const pipeline::ModelReque
   u.data.synthetic_data = o.data;
   u.data.synthetic_samples = 1 << 20;
   u.data.transform.resolution = o.resolution;
-  u.gradient_checkpointing = o.gradient_checkpointing;
-  u.memory_efficient_attention = o.memory_efficient_attention;
+  u.unet_memory = o.unet_memory;
   if (o.lora_rank) u.lora_rank = *o.lora_rank;
   SD_CHECK((o.lora_rank ? train::run_lora_training(u) : train::run_unet_training(u)) == 0,
            "the benchmark's training run failed");
@@ -165,8 +163,7 @@ void measure_textual_inversion(const BenchmarkOptions& o, const pipeline::ModelR
   t.placeholder_token = "<benchmark>";
   t.initializer_token = "toy";
   t.resolution = o.resolution;
-  t.gradient_checkpointing = o.gradient_checkpointing;
-  t.memory_efficient_attention = o.memory_efficient_attention;
+  t.unet_memory = o.unet_memory;
   SD_CHECK(train::run_textual_inversion(t) == 0, "the benchmark's training run failed");
 }
 
@@ -339,7 +336,7 @@ void add_benchmark(CLI::App& app, std::function<int()>& chosen) {
       ->check(CLI::IsMember({"no_shard", "shard_grad_op"}));
   flag(cmd, "--bucket_cap_mb", o->bucket_cap_mb, "MiB of float32 gradients per communication bucket (training)")
       ->check(positive_number());
-  add_unet_memory_flags(cmd, o->gradient_checkpointing, o->memory_efficient_attention, "Options");
+  add_unet_memory_flags(cmd, o->unet_memory, "Options");
   flag(cmd, "--lora_rank", o->lora_rank,
        "unet: train LoRA adapters of this rank (diffusers' defaults) instead of the UNet")
       ->check(in_range(1, 4096));

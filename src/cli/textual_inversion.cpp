@@ -31,7 +31,7 @@ void add_textual_inversion(CLI::App& app, std::function<int()>& chosen) {
       ->group(task);
   flag(cmd, "--resolution", o->resolution, "Training image size")->check(in_range(8, 16384))->group(task);
   switch_flag(cmd, "--center_crop", o->center_crop, "Center-crop images to a square before resizing")->group(task);
-  add_unet_memory_flags(cmd, o->gradient_checkpointing, o->memory_efficient_attention, task);
+  add_unet_memory_flags(cmd, o->unet_memory, task);
   flag(cmd, "--save_steps", o->save_steps, "Write learned_embeds-steps-N every N steps")
       ->check(at_least(1))
       ->group(task);

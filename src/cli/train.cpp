@@ -24,7 +24,7 @@ void add_train(CLI::App& app, std::function<int()>& chosen) {
   flag(cmd, "--prediction_type", o->prediction_type, "epsilon or v_prediction (default: the scheduler config's)")
       ->check(CLI::IsMember({"epsilon", "v_prediction"}))
       ->group(model);
-  add_unet_memory_flags(cmd, o->gradient_checkpointing, o->memory_efficient_attention, model);
+  add_unet_memory_flags(cmd, o->unet_memory, model);
 
   data::TrainingDataOptions& d = o->data;
   const std::string data =

@@ -103,14 +103,18 @@ void add_trainer_flags(CLI::App* cmd, train::TrainerOptions& o) {
   flag(cmd, "--dist_iface", o.dist_iface, "Network interface for collectives (else GLOO_SOCKET_IFNAME)")->group(run);
 }
 
-void add_unet_memory_flags(CLI::App* cmd, bool& gradient_checkpointing, bool& memory_efficient_attention,
-                           const std::string& group) {
-  switch_flag(cmd, "--gradient_checkpointing", gradient_checkpointing,
+void add_unet_memory_flags(CLI::App* cmd, models::UNetMemoryOptions& o, const std::string& group) {
+  switch_flag(cmd, "--gradient_checkpointing", o.gradient_checkpointing,
               "Recompute UNet activations in backward to save memory")
+      ->group(group);
+  flag(cmd, "--gradient_checkpointing_levels", o.gradient_checkpointing_levels,
+       "Recompute only the blocks at the N highest resolutions, which hold the most activations for their compute "
+       "(implies --gradient_checkpointing; the UNet's level count, 4 for SD, recomputes every block)")
+      ->check(in_range(1, 16))
       ->group(group);
   // diffusers' flag name, so command lines carry over; no xformers is involved.
   switch_flag(cmd, "--enable_xformers_memory_efficient_attention,--memory_efficient_attention",
-              memory_efficient_attention,
+              o.memory_efficient_attention,
               "Tiled attention that keeps no attention probabilities for backward: less memory at large resolutions, "
               "a slower backward")
       ->group(group);

@@ -4,16 +4,17 @@
 #pragma once
 #include <CLI/CLI.hpp>
 
+#include "models/unet/unet_memory_options.h"
 #include "train/trainer.h"
 
 namespace sd::cli {
 
 void add_trainer_flags(CLI::App* cmd, train::TrainerOptions& o);
 
-// --gradient_checkpointing and --enable_xformers_memory_efficient_attention (alias --memory_efficient_attention): the
-// UNet's two ways to trade speed for memory, for every subcommand that trains through a UNet.
-void add_unet_memory_flags(CLI::App* cmd, bool& gradient_checkpointing, bool& memory_efficient_attention,
-                           const std::string& group);
+// --gradient_checkpointing[_levels] and --enable_xformers_memory_efficient_attention (alias
+// --memory_efficient_attention): the UNet's two ways to trade speed for memory, for every subcommand that trains
+// through a UNet.
+void add_unet_memory_flags(CLI::App* cmd, models::UNetMemoryOptions& o, const std::string& group);
 
 // Flags of diffusers' scripts that only make sense in Python (hub uploads, xformers, ...): accepted so command
 // lines carry over, each with a one-line note when used.

@@ -98,15 +98,19 @@ TEST(TrainE2E, ReplaysTheReferenceRunOnOneRank) {
   EXPECT_TRUE(at::equal(unet.at("conv_in.weight"), replay.at("final.ema.conv_in.weight")));
 }
 
-TEST(TrainE2E, ReplaysTheReferenceRunWithMemoryEfficientAttention) {
-  // The tiled attention (backward recomputes the probabilities) trains what diffusers' attention trains.
-  sd::test::TempDir out;
-  auto flags = replay_flags(out.path(), 2);
-  flags.push_back("--enable_xformers_memory_efficient_attention");
-  auto r = sd::test::run_process(train_command(flags), 300s);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_EQ(r.output.find("note: --enable_xformers"), std::string::npos) << r.output;
-  expect_replay_matches(out.path());
+TEST(TrainE2E, ReplaysTheReferenceRunWithEachWayToSaveMemory) {
+  // The tiled attention (backward recomputes the probabilities) and selective gradient checkpointing (backward
+  // recomputes the blocks at the highest resolution) train what diffusers trains.
+  for (const char* flag : {"--enable_xformers_memory_efficient_attention", "--gradient_checkpointing_levels=1"}) {
+    SCOPED_TRACE(flag);
+    sd::test::TempDir out;
+    auto flags = replay_flags(out.path(), 2);
+    flags.push_back(flag);
+    auto r = sd::test::run_process(train_command(flags), 300s);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(r.output.find("note:"), std::string::npos) << r.output;
+    expect_replay_matches(out.path());
+  }
 }
 
 TEST(TrainE2E, ReplaysTheReferenceRunOnTwoRanks) {
@@ -324,6 +328,12 @@ TEST(TrainE2E, BadInputs) {
                "--replay_inputs");
   expect_error({"--synthetic_data=latents", "--max_train_steps=1", "--adam_beta1=1.5", "--output_dir=" + out.string()},
                "--adam_beta1 must be in [0, 1)");
+  expect_error({"--synthetic_data=latents", "--max_train_steps=1", "--gradient_checkpointing_levels=4",
+                "--output_dir=" + out.string()},
+               "gradient checkpointing of 4 resolution levels: this UNet has 3 (its down blocks)");
+  expect_error({"--synthetic_data=latents", "--max_train_steps=1", "--gradient_checkpointing_levels=0",
+                "--output_dir=" + out.string()},
+               "--gradient_checkpointing_levels");
   auto hub = sd::test::run_command(sd::test::sdtrain_binary() + " train --pretrained_model_name_or_path=" +
                                    tiny_sd1().string() + " --dataset_name=lambdalabs/pokemon-blip-captions");
   EXPECT_NE(hub.exit_code, 0);

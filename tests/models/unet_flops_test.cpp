@@ -22,7 +22,6 @@ TEST(UNetFlops, AnalyticCountEqualsWhatAForwardPassRuns) {
       perf::OpProfiler profiler(/*count_flops=*/true);
       unet->forward(sample, at::tensor({int64_t{1}, int64_t{500}}), context);
       EXPECT_EQ(count_forward_flops(c, 2, h, w, 77), profiler.profile().matmul_flops) << h << "x" << w;
-      for (auto& [k, v] : profiler.profile().flops) std::cout << "DBG " << k << " " << v << "\n";
     }
   }
 }

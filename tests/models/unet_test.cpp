@@ -8,6 +8,7 @@
 #include "dist/gradient_reducer.h"
 #include "model_test_util.h"
 #include "models/weights.h"
+#include "perf/op_profiler.h"
 
 namespace sd::models {
 namespace {
@@ -145,19 +146,64 @@ void expect_same_gradients(const UNetRun& plain, const UNetRun& ckpt) {
   std::cout << "  [ratio] checkpointed vs plain parameter gradients, worst " << worst << "\n";
 }
 
-TEST(UNetCheckpointing, GradientsEqualThePlainBackward) {
+// The matmul and convolution FLOPs forward + backward ran, with `levels` resolution levels checkpointed.
+int64_t flops_of_training_pass(UNet2DConditionModel& unet, const io::TensorMap& g, int levels, UNetRun& run) {
+  unet->set_checkpointed_levels(levels);
+  perf::OpProfiler profiler(/*count_flops=*/true);
+  run = run_with_grads(unet, g, true);
+  return profiler.profile().matmul_flops;
+}
+
+TEST(UNetCheckpointing, EachLevelRecomputesItsBlocksAndGradientsEqualThePlainBackward) {
   for (const std::string pipeline : {"tiny-sd1", "tiny-sd2"}) {
     SCOPED_TRACE(pipeline);
     UNet2DConditionModel unet = load_unet(fixtures() / pipeline / "unet");
     auto g = io::load_safetensors(golden(pipeline + "/unet.safetensors"));
-    UNetRun plain = run_with_grads(unet, g, true);
+    ASSERT_GE(unet->resolution_levels(), 2);
+    UNetRun plain, ckpt;
+    const int64_t plain_flops = flops_of_training_pass(unet, g, 0, plain);
     EXPECT_EQ(plain.param_grads.size(), unet->parameters().size());
-    unet->set_gradient_checkpointing(true);
-    UNetRun ckpt = run_with_grads(unet, g, true);
-    expect_same_gradients(plain, ckpt);
+    int64_t forward_flops = 0;
+    {
+      torch::NoGradGuard no_grad;
+      perf::OpProfiler profiler(/*count_flops=*/true);
+      unet->forward(g.at("input.sample"), g.at("input.timestep"), g.at("input.encoder_hidden_states"));
+      forward_flops = profiler.profile().matmul_flops;
+    }
+    // Each further level recomputes more blocks in backward; all of them recompute the whole forward but
+    // conv_in, conv_out and the time embedding (the blocks' inputs and what follows them).
+    int64_t previous = plain_flops;
+    for (int levels = 1; levels <= unet->resolution_levels(); ++levels) {
+      SCOPED_TRACE(levels);
+      const int64_t flops = flops_of_training_pass(unet, g, levels, ckpt);
+      EXPECT_GT(flops, previous);
+      previous = flops;
+      expect_same_gradients(plain, ckpt);
+    }
+    EXPECT_LT(previous - plain_flops, forward_flops);
+    EXPECT_GT(previous - plain_flops, 0.8 * forward_flops);
     // The checkpointed run still matches diffusers.
     EXPECT_TRUE(matches_golden(pipeline + " checkpointed grad_sample", ckpt.grad_sample, g.at("grad_sample"), 1e-3));
   }
+}
+
+TEST(UNetCheckpointing, MemoryOptionsPickTheLevels) {
+  UNet2DConditionModel unet = load_unet(fixtures() / "tiny-sd1" / "unet");
+  UNetMemoryOptions o;
+  unet->set_memory_options(o);
+  EXPECT_EQ(unet->checkpointed_levels(), 0);
+  o.gradient_checkpointing = true;  // diffusers' flag: every block
+  unet->set_memory_options(o);
+  EXPECT_EQ(unet->checkpointed_levels(), unet->resolution_levels());
+  o.gradient_checkpointing_levels = 1;  // with or without the flag: the highest resolution only
+  unet->set_memory_options(o);
+  EXPECT_EQ(unet->checkpointed_levels(), 1);
+  o.gradient_checkpointing = false;
+  unet->set_memory_options(o);
+  EXPECT_EQ(unet->checkpointed_levels(), 1);
+  o.gradient_checkpointing_levels = 4;
+  EXPECT_EQ(error_message([&] { unet->set_memory_options(o); }),
+            "gradient checkpointing of 4 resolution levels: this UNet has 3 (its down blocks)");
 }
 
 TEST(UNetCheckpointing, FrozenUNetStillPassesGradientsToItsInputs) {
@@ -165,7 +211,7 @@ TEST(UNetCheckpointing, FrozenUNetStillPassesGradientsToItsInputs) {
   UNet2DConditionModel unet = load_unet(fixtures() / "tiny-sd1" / "unet");
   auto g = io::load_safetensors(golden("tiny-sd1/unet.safetensors"));
   UNetRun plain = run_with_grads(unet, g, false);
-  unet->set_gradient_checkpointing(true);
+  unet->set_checkpointed_levels(unet->resolution_levels());
   UNetRun ckpt = run_with_grads(unet, g, false);
   EXPECT_TRUE(plain.param_grads.empty());
   EXPECT_TRUE(ckpt.param_grads.empty());

@@ -127,6 +127,21 @@ std::vector<at::Tensor> params_of(const nn::Module& m) {
 }
 }  // namespace
 
+void UNet2DConditionModelImpl::set_memory_options(const UNetMemoryOptions& o) {
+  const int levels = o.gradient_checkpointing_levels > 0 ? o.gradient_checkpointing_levels
+                     : o.gradient_checkpointing          ? resolution_levels()
+                                                         : 0;
+  set_checkpointed_levels(levels);
+  set_memory_efficient_attention(o.memory_efficient_attention);
+}
+
+void UNet2DConditionModelImpl::set_checkpointed_levels(int levels) {
+  SD_CHECK(levels >= 0 && levels <= resolution_levels(),
+           "gradient checkpointing of {} resolution levels: this UNet has {} (its down blocks)", levels,
+           resolution_levels());
+  checkpointed_levels_ = levels;
+}
+
 void UNet2DConditionModelImpl::set_memory_efficient_attention(bool enabled) {
   for (const auto& module : modules())
     if (auto* attention = dynamic_cast<AttentionImpl*>(module.get())) attention->set_memory_efficient(enabled);
@@ -171,7 +186,7 @@ std::vector<std::pair<std::string, at::Tensor>> UNet2DConditionModelImpl::named_
 std::vector<at::Tensor> UNet2DConditionModelImpl::run_down(size_t i, const at::Tensor& h, const at::Tensor& temb,
                                                            const at::Tensor& context) {
   UNetDownBlock block = down_[i];
-  if (!gradient_checkpointing_) return block->forward(h, temb, context);
+  if (!checkpoints_level(i)) return block->forward(h, temb, context);
   at::Tensor ctx = block->has_attention() ? context : at::Tensor();
   auto impl = block.ptr();
   return checkpoint([impl](const TensorList& in) { return impl->forward(in[0], in[1], in[2]); }, {h, temb, ctx},
@@ -180,7 +195,7 @@ std::vector<at::Tensor> UNet2DConditionModelImpl::run_down(size_t i, const at::T
 
 at::Tensor UNet2DConditionModelImpl::run_mid(const at::Tensor& h, const at::Tensor& temb, const at::Tensor& context) {
   UNetMidBlock2DCrossAttn block = mid_block;
-  if (!gradient_checkpointing_) return block->forward(h, temb, context);
+  if (!checkpoints_level(down_.size() - 1)) return block->forward(h, temb, context);
   auto impl = block.ptr();
   return checkpoint([impl](const TensorList& in) { return TensorList{impl->forward(in[0], in[1], in[2])}; },
                     {h, temb, context}, params_of(*impl))[0];
@@ -190,7 +205,7 @@ at::Tensor UNet2DConditionModelImpl::run_up(size_t i, const at::Tensor& h, const
                                             const at::Tensor& temb, const at::Tensor& context,
                                             const std::optional<std::vector<int64_t>>& upsample_size) {
   UNetUpBlock block = up_[i];
-  if (!gradient_checkpointing_) return block->forward(h, skips, temb, context, upsample_size);
+  if (!checkpoints_level(up_.size() - 1 - i)) return block->forward(h, skips, temb, context, upsample_size);
   TensorList inputs{h, temb, block->has_attention() ? context : at::Tensor()};
   inputs.insert(inputs.end(), skips.begin(), skips.end());
   auto impl = block.ptr();

@@ -7,6 +7,7 @@
 #include "io/tensor_file.h"
 #include "models/unet/unet_blocks.h"
 #include "models/unet/unet_config.h"
+#include "models/unet/unet_memory_options.h"
 
 namespace sd::models {
 
@@ -39,9 +40,14 @@ class UNet2DConditionModelImpl : public torch::nn::Module {
   // encoder_hidden_states: [N, L, cross_attention_dim] -> [N, out_channels, H, W]
   at::Tensor forward(const at::Tensor& sample, const at::Tensor& timestep, const at::Tensor& encoder_hidden_states);
 
-  // Recompute each down/mid/up block in the backward pass instead of storing its activations.
-  void set_gradient_checkpointing(bool enabled) { gradient_checkpointing_ = enabled; }
-  bool gradient_checkpointing() const { return gradient_checkpointing_; }
+  void set_memory_options(const UNetMemoryOptions& o);
+  // Recompute blocks in the backward pass instead of storing their activations: the down and up blocks working at
+  // the `levels` highest resolutions, which hold the most activation memory for the compute they cost (a level
+  // has a quarter of the pixels of the one above and twice the channels: about the same FLOPs, half the
+  // activations). levels = resolution_levels() checkpoints every block, the mid block too; 0 none.
+  void set_checkpointed_levels(int levels);
+  int checkpointed_levels() const { return checkpointed_levels_; }
+  int resolution_levels() const { return static_cast<int>(down_.size()); }
   // Every attention layer trains with the tiled attention (AttentionImpl::set_memory_efficient).
   void set_memory_efficient_attention(bool enabled);
 
@@ -64,11 +70,14 @@ class UNet2DConditionModelImpl : public torch::nn::Module {
   at::Tensor run_up(size_t i, const at::Tensor& h, const std::vector<at::Tensor>& skips, const at::Tensor& temb,
                     const at::Tensor& context, const std::optional<std::vector<int64_t>>& upsample_size);
 
+  // Down block i and up block n-1-i work at level i (0: the input's resolution); the mid block at level n-1.
+  bool checkpoints_level(size_t level) const { return static_cast<int>(level) < checkpointed_levels_; }
+
   UNetConfig config_;
   Activation act_;
   std::vector<UNetDownBlock> down_;
   std::vector<UNetUpBlock> up_;
-  bool gradient_checkpointing_ = false;
+  int checkpointed_levels_ = 0;
 };
 TORCH_MODULE(UNet2DConditionModel);
 

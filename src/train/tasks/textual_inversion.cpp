@@ -137,8 +137,7 @@ TextualInversionTask::TextualInversionTask(const TextualInversionOptions& o, Run
   step_ = std::make_unique<TextualInversionStep>(pipe_->text_encoder, pipe_->vae, pipe_->unet, ddpm.alphas_cumprod(),
                                                  pipe_->scheduler_config.prediction_type, first_placeholder_,
                                                  o.num_vectors);
-  pipe_->unet->set_gradient_checkpointing(o.gradient_checkpointing);
-  pipe_->unet->set_memory_efficient_attention(o.memory_efficient_attention);
+  pipe_->unet->set_memory_options(o.unet_memory);
 }
 
 const models::DiagonalGaussian& TextualInversionTask::posterior(int64_t image, bool flip) {

@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 
+#include "models/unet/unet_memory_options.h"
 #include "pipeline/model_source.h"
 #include "train/trainer.h"
 
@@ -23,8 +24,7 @@ struct TextualInversionOptions {
   int repeats = 100;
   int resolution = 512;
   bool center_crop = false;
-  bool gradient_checkpointing = false;
-  bool memory_efficient_attention = false;
+  models::UNetMemoryOptions unet_memory;  // --gradient_checkpointing[_levels], --memory_efficient_attention
   int64_t save_steps = 500;
   bool save_as_full_pipeline = false;
   bool no_safe_serialization = false;

@@ -58,8 +58,7 @@ UNetTrainingTask::UNetTrainingTask(const UNetTrainingOptions& o, RunContext& con
   loss_options.noise_offset = o.noise_offset;
   loss_options.input_perturbation = o.input_perturbation;
   loss_ = std::make_unique<DenoisingLoss>(pipe_->unet, ddpm.alphas_cumprod(), loss_options);
-  pipe_->unet->set_gradient_checkpointing(o.gradient_checkpointing);
-  pipe_->unet->set_memory_efficient_attention(o.memory_efficient_attention);
+  pipe_->unet->set_memory_options(o.unet_memory);
 
   data::TrainingData data = data::open_training_data(o.data, pipe_->tokenizer, model_shapes(), context_.seed,
                                                      context_.layout, context_.comm->rank());

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "data/training_data.h"
+#include "models/unet/unet_memory_options.h"
 #include "pipeline/model_source.h"
 #include "train/trainer.h"
 
@@ -17,9 +18,8 @@ namespace sd::train {
 struct UNetTrainingOptions {
   TrainerOptions training;
   data::TrainingDataOptions data;
-  pipeline::ModelRequest model;  // --pretrained_model_name_or_path, --revision, --variant, --config_from
-  bool gradient_checkpointing = false;
-  bool memory_efficient_attention = false;
+  pipeline::ModelRequest model;           // --pretrained_model_name_or_path, --revision, --variant, --config_from
+  models::UNetMemoryOptions unet_memory;  // --gradient_checkpointing[_levels], --memory_efficient_attention
   std::optional<double> snr_gamma;
   double noise_offset = 0;
   double input_perturbation = 0;
