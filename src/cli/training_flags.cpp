@@ -108,8 +108,8 @@ void add_unet_memory_flags(CLI::App* cmd, models::UNetMemoryOptions& o, const st
               "Recompute UNet activations in backward to save memory")
       ->group(group);
   flag(cmd, "--gradient_checkpointing_levels", o.gradient_checkpointing_levels,
-       "Recompute only the blocks at the N highest resolutions, which hold the most activations for their compute "
-       "(implies --gradient_checkpointing; the UNet's level count, 4 for SD, recomputes every block)")
+       "Recompute only the UNet blocks at the N highest resolutions, which hold most of the activations (implies "
+       "--gradient_checkpointing; N = 4, SD's level count, recomputes every block)")
       ->check(in_range(1, 16))
       ->group(group);
   // diffusers' flag name, so command lines carry over; no xformers is involved.

@@ -128,10 +128,7 @@ std::vector<at::Tensor> params_of(const nn::Module& m) {
 }  // namespace
 
 void UNet2DConditionModelImpl::set_memory_options(const UNetMemoryOptions& o) {
-  const int levels = o.gradient_checkpointing_levels > 0 ? o.gradient_checkpointing_levels
-                     : o.gradient_checkpointing          ? resolution_levels()
-                                                         : 0;
-  set_checkpointed_levels(levels);
+  set_checkpointed_levels(o.gradient_checkpointing_levels.value_or(o.gradient_checkpointing ? resolution_levels() : 0));
   set_memory_efficient_attention(o.memory_efficient_attention);
 }
 

@@ -42,9 +42,9 @@ class UNet2DConditionModelImpl : public torch::nn::Module {
 
   void set_memory_options(const UNetMemoryOptions& o);
   // Recompute blocks in the backward pass instead of storing their activations: the down and up blocks working at
-  // the `levels` highest resolutions, which hold the most activation memory for the compute they cost (a level
-  // has a quarter of the pixels of the one above and twice the channels: about the same FLOPs, half the
-  // activations). levels = resolution_levels() checkpoints every block, the mid block too; 0 none.
+  // the `levels` highest resolutions, which hold most of the activations (a level has a quarter of the pixels of
+  // the one above and twice the channels: about the same convolution work, half the activations; the trade is
+  // measured in docs/benchmarks.md). levels = resolution_levels() checkpoints every block, the mid block too.
   void set_checkpointed_levels(int levels);
   int checkpointed_levels() const { return checkpointed_levels_; }
   int resolution_levels() const { return static_cast<int>(down_.size()); }

@@ -184,7 +184,7 @@ std::map<std::string, std::string> LoraTrainingTask::kohya_metadata() const {
       {"ss_batch_size_per_device", std::to_string(t.train_batch_size)},
       {"ss_gradient_accumulation_steps", std::to_string(t.gradient_accumulation_steps)},
       {"ss_gradient_checkpointing",
-       py_bool(o_.unet_memory.gradient_checkpointing || o_.unet_memory.gradient_checkpointing_levels > 0)},
+       py_bool(o_.unet_memory.gradient_checkpointing || o_.unet_memory.gradient_checkpointing_levels)},
       {"ss_mixed_precision", t.mixed_precision},
       {"ss_seed", std::to_string(context_.seed)},
       {"ss_resolution", fmt::format("({0}, {0})", o_.data.transform.resolution)},
