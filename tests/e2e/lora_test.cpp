@@ -100,11 +100,11 @@ std::vector<std::string> lora_train_command(const fs::path& data, const fs::path
 TEST(LoraE2E, TrainedLoraGivesTheSameImagesFromBothFormatsMergedOrNot) {
   sd::test::TempDir dir;
   const fs::path data = write_image_folder(dir.path() / "data"), out = dir.path() / "cat-lora";
-  auto r =
-      sd::test::run_process(lora_train_command(data, out,
-                                               {"--max_train_steps=3", "--lora_alpha=8", "--train_text_encoder_lora",
-                                                "--lora_format=kohya", "--mixed_precision=bf16"}),
-                            300s);
+  auto r = sd::test::run_process(
+      lora_train_command(data, out,
+                         {"--max_train_steps=3", "--lora_alpha=8", "--train_text_encoder_lora", "--lora_format=kohya",
+                          "--mixed_precision=bf16", "--gradient_checkpointing_levels=1"}),
+      300s);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const fs::path diffusers_file = out / "pytorch_lora_weights.safetensors", kohya_file = out / "cat-lora.safetensors";
   EXPECT_NE(r.output.find(diffusers_file.string()), std::string::npos) << r.output;
@@ -115,6 +115,8 @@ TEST(LoraE2E, TrainedLoraGivesTheSameImagesFromBothFormatsMergedOrNot) {
   EXPECT_EQ(kohya.metadata().at("ss_network_alpha"), "8.0");
   EXPECT_EQ(kohya.metadata().at("ss_base_model_version"), "sd_v1");
   EXPECT_EQ(kohya.metadata().at("ss_steps"), "3");
+  EXPECT_EQ(kohya.metadata().at("ss_mixed_precision"), "bf16");
+  EXPECT_EQ(kohya.metadata().at("ss_gradient_checkpointing"), "True");
   EXPECT_EQ(io::SafeTensorsFile(diffusers_file).names().size(), 2u * (88 + 20));
   // Training moved the zero-initialised up weights.
   EXPECT_GT(kohya.read("lora_unet_mid_block_attentions_0_transformer_blocks_0_attn2_to_k.lora_up.weight")
