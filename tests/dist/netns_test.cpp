@@ -58,14 +58,21 @@ class NetnsMachines : public ::testing::Test {
   }
 
   // An ssh stand-in for the MPI launchers: "<agent> [options] <host> <command...>" runs the command inside the
-  // namespace of the machine with that address, as ssh would run it on that host.
+  // namespace of the machine with that address, as ssh would run it on that host. Each machine gets its own
+  // TMPDIR, as real hosts have their own /tmp: the namespaces share one hostname, so Open MPI's daemons would
+  // otherwise share one session directory, and several daemons writing its hwloc topology file at once crash one
+  // of them (orted SIGSEGV in hwloc_shmem_topology_write, seen under load) and mpirun then waits forever.
   std::filesystem::path write_agent(const std::filesystem::path& dir) const {
     auto agent = dir / "netns-agent";
     std::ofstream a(agent);
     a << "#!/bin/sh\nwhile [ \"${1#-}\" != \"$1\" ]; do shift; done\nhost=$1; shift\ncase \"$host\" in\n";
-    for (int i = 0; i < machines_->count(); ++i)
-      a << "  " << machines_->address(i) << ") ns=" << machines_->netns(i) << ";;\n";
-    a << "  *) echo \"agent: unknown host $host\" >&2; exit 1;;\nesac\nexec ip netns exec \"$ns\" sh -c \"$*\"\n";
+    for (int i = 0; i < machines_->count(); ++i) {
+      auto tmp = dir / ("tmp-" + machines_->netns(i));
+      std::filesystem::create_directory(tmp);
+      a << "  " << machines_->address(i) << ") ns=" << machines_->netns(i) << " tmp=" << tmp.string() << ";;\n";
+    }
+    a << "  *) echo \"agent: unknown host $host\" >&2; exit 1;;\nesac\n"
+      << "exec ip netns exec \"$ns\" env TMPDIR=\"$tmp\" sh -c \"$*\"\n";
     a.close();
     std::filesystem::permissions(agent, std::filesystem::perms::owner_all);
     return agent;
