@@ -2,6 +2,8 @@
 
 #include <functional>
 
+#include "dist/signals.h"
+
 namespace sd::cli {
 
 void add_init(CLI::App& app, std::function<int()>& chosen);
@@ -46,6 +48,8 @@ int run(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  // Before the subcommand starts any thread (LibTorch's pools start with the first parallel op).
+  if (!app.got_subcommand("launch")) dist::route_stop_signals_to_a_watcher_thread();
   return chosen ? chosen() : 0;
 }
 

@@ -1,7 +1,11 @@
 #include "dist/signals.h"
 
-#include <csignal>
+#include <pthread.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <csignal>
+#include <thread>
 
 namespace sd::dist {
 namespace {
@@ -9,6 +13,7 @@ namespace {
 // Lock-free atomics are async-signal-safe; std::atomic<int> is lock-free on every platform we build for.
 std::atomic<int> g_stop_signal{0};
 std::atomic<bool> g_stop{false};
+std::atomic<int> g_stop_signal_thread{0};  // the kernel's id of the thread that ran the handler
 static_assert(std::atomic<int>::is_always_lock_free && std::atomic<bool>::is_always_lock_free);
 
 extern "C" void on_stop_signal(int sig) {
@@ -18,6 +23,7 @@ extern "C" void on_stop_signal(int sig) {
     std::raise(sig);
     return;
   }
+  g_stop_signal_thread.store(static_cast<int>(gettid()));  // a system call: async-signal-safe
   g_stop_signal.store(sig);
   g_stop.store(true);
 }
@@ -33,6 +39,19 @@ void set_handler(int sig, void (*handler)(int)) {
 
 }  // namespace
 
+void route_stop_signals_to_a_watcher_thread() {
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  std::thread([stop] {
+    pthread_sigmask(SIG_UNBLOCK, &stop, nullptr);
+    // The handlers run here; the second-signal re-raise in on_stop_signal is delivered here too, and kills.
+    for (;;) pause();
+  }).detach();
+}
+
 void install_stop_signal_handlers() {
   set_handler(SIGTERM, on_stop_signal);
   set_handler(SIGINT, on_stop_signal);
@@ -45,6 +64,7 @@ void uninstall_stop_signal_handlers() {
 
 bool stop_requested() { return g_stop.load(); }
 int stop_signal() { return g_stop_signal.load(); }
+bool stop_signal_ran_on_main_thread() { return g_stop_signal_thread.load() == static_cast<int>(getpid()); }
 void request_stop() { g_stop.store(true); }
 void clear_stop_request() {
   g_stop.store(false);

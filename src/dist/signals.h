@@ -5,6 +5,17 @@
 
 namespace sd::dist {
 
+// Call once before the program starts any thread: blocks SIGTERM and SIGINT in the calling thread, so in every thread
+// created later (they inherit the mask), and starts one idle thread that leaves them unblocked. The kernel then
+// delivers them to that thread (or to OpenBLAS's pool thread, started when the library loaded and idle since sdtrain
+// runs OpenBLAS single-threaded), so a handler or the default action never runs on a thread in the middle of a
+// computation. That matters: oneDNN's JIT float32 GEMM kernels (the ones LibTorch 1.13 bundles) point
+// the stack pointer into a heap workspace, so the kernel writes a signal frame over the GEMM's packed operands
+// (oneDNN issue 4845, fixed in oneDNN 3.11.2). Before this routing 6 of 80 SIGTERMs that landed during a tiny
+// textual-inversion step left a NaN gradient norm (0 of 80 after); damage that came out finite would have gone
+// into the checkpoint written on the signal. Not for `launch`, which takes the signals itself with sigtimedwait.
+void route_stop_signals_to_a_watcher_thread();
+
 // Installs handlers for SIGTERM and SIGINT. The first signal sets the stop flag; a second one of the same kind
 // restores the default action and re-raises it, so an impatient user can still kill at once. Idempotent.
 void install_stop_signal_handlers();
@@ -14,6 +25,9 @@ void uninstall_stop_signal_handlers();
 bool stop_requested();
 // The signal that requested the stop (0 if none, or if requested by request_stop()).
 int stop_signal();
+// Whether the handler of that signal ran on the main thread (whose thread id is the process id): never when the
+// signals are routed to the watcher thread.
+bool stop_signal_ran_on_main_thread();
 // Programmatic stop (tests, or a rank deciding to stop on its own).
 void request_stop();
 void clear_stop_request();

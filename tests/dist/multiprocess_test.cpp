@@ -357,6 +357,8 @@ TEST(DistProcesses, SigtermOnOneRankStopsAllAtTheSameStep) {
   EXPECT_GT(lines[0].at("steps").get<int>(), 0);
   EXPECT_EQ(lines[0].at("stop_signal"), 0);
   EXPECT_EQ(lines[1].at("stop_signal"), SIGTERM);
+  // Taken by the watcher thread, never by the thread that computes (signals.h).
+  EXPECT_FALSE(lines[1].at("stop_signal_on_main_thread").get<bool>());
 }
 
 TEST(DistProcesses, LaunchForwardsSigterm) {
@@ -373,6 +375,7 @@ TEST(DistProcesses, LaunchForwardsSigterm) {
   for (const auto& l : lines) {
     EXPECT_TRUE(l.at("stopped").get<bool>()) << l;
     EXPECT_EQ(l.at("stop_signal"), SIGTERM) << l;
+    EXPECT_FALSE(l.at("stop_signal_on_main_thread").get<bool>()) << l;
   }
   EXPECT_EQ(lines[0].at("steps"), lines[1].at("steps"));
 }

@@ -45,5 +45,28 @@ TEST(StopSignals, SecondSignalOfTheSameKindKills) {
   EXPECT_EQ(WTERMSIG(status), SIGINT);
 }
 
+// With the signals routed to the watcher thread, a process-directed SIGTERM (what kill, Slurm and Kubernetes send)
+// runs the handler there, never on the main thread, and a second one still ends the process.
+TEST(StopSignals, RoutedSignalsRunOnTheWatcherAndTheSecondStillKills) {
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    clear_stop_request();
+    route_stop_signals_to_a_watcher_thread();
+    install_stop_signal_handlers();
+    kill(getpid(), SIGTERM);
+    for (int i = 0; i < 5000 && !stop_requested(); ++i) usleep(1000);
+    if (!stop_requested()) _exit(2);
+    if (stop_signal_ran_on_main_thread()) _exit(3);
+    kill(getpid(), SIGTERM);
+    for (int i = 0; i < 5000; ++i) usleep(1000);
+    _exit(4);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFSIGNALED(status)) << "exit code " << (WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+  EXPECT_EQ(WTERMSIG(status), SIGTERM);
+}
+
 }  // namespace
 }  // namespace sd::dist
