@@ -21,13 +21,7 @@ HeunDiscreteScheduler::HeunDiscreteScheduler(SchedulerConfig config)
 void HeunDiscreteScheduler::set_timesteps(int n) {
   check_steps(n);
   num_inference_steps_ = n;
-  Schedule schedule = interpolated_schedule(n);
-  // Karras timesteps stay float64 here: diffusers casts them to float32 only in EulerDiscreteScheduler.
-  at::ScalarType timestep_dtype = at::kFloat;
-  if (config_.use_karras_sigmas) {
-    schedule = karras_schedule(n, schedule.sigmas.back(), schedule.sigmas.front());
-    timestep_dtype = at::kDouble;
-  }
+  const auto [schedule, timestep_dtype] = interpolated_or_karras_schedule(n);
   set_tables({repeat_after_first(schedule.timesteps), repeat_after_first(schedule.sigmas)}, timestep_dtype);
   prev_derivative_ = dt_ = sample_ = at::Tensor();
 }

@@ -27,13 +27,7 @@ LMSDiscreteScheduler::LMSDiscreteScheduler(SchedulerConfig config)
 void LMSDiscreteScheduler::set_timesteps(int n) {
   check_steps(n);
   num_inference_steps_ = n;
-  Schedule schedule = interpolated_schedule(n);
-  // Karras timesteps stay float64 here: diffusers casts them to float32 only in EulerDiscreteScheduler.
-  at::ScalarType timestep_dtype = at::kFloat;
-  if (config_.use_karras_sigmas) {
-    schedule = karras_schedule(n, schedule.sigmas.back(), schedule.sigmas.front());
-    timestep_dtype = at::kDouble;
-  }
+  const auto [schedule, timestep_dtype] = interpolated_or_karras_schedule(n);
   set_tables(schedule, timestep_dtype);
   derivatives_.clear();
 }

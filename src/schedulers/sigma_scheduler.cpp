@@ -56,6 +56,12 @@ SigmaScheduler::Schedule SigmaScheduler::karras_schedule(int n, double sigma_min
   return {sigmas_to_timesteps(sigmas, training_sigmas(alphas_cumprod_)), sigmas};
 }
 
+std::pair<SigmaScheduler::Schedule, at::ScalarType> SigmaScheduler::interpolated_or_karras_schedule(int n) const {
+  const Schedule schedule = interpolated_schedule(n);
+  if (!config_.use_karras_sigmas) return {schedule, at::kFloat};
+  return {karras_schedule(n, schedule.sigmas.back(), schedule.sigmas.front()), at::kDouble};
+}
+
 void SigmaScheduler::set_tables(const Schedule& schedule, at::ScalarType timestep_dtype) {
   timesteps_ = to_tensor(schedule.timesteps, timestep_dtype);
   sigmas_ = at::cat({to_tensor(schedule.sigmas, at::kFloat), at::zeros({1}, at::kFloat)});

@@ -30,6 +30,9 @@ class SigmaScheduler : public Scheduler {
   Schedule interpolated_schedule(int num_inference_steps) const;
   // The same number of Karras sigmas from sigma_max down to sigma_min, with the fractional timesteps they fall on.
   Schedule karras_schedule(int num_inference_steps, double sigma_min, double sigma_max) const;
+  // Heun's and LMS's table: interpolated_schedule, or with use_karras_sigmas the Karras sigmas over its range, whose
+  // timesteps stay float64 (diffusers casts them to float32 only in EulerDiscreteScheduler).
+  std::pair<Schedule, at::ScalarType> interpolated_or_karras_schedule(int num_inference_steps) const;
   // timesteps_ in `timestep_dtype` and sigmas_ = schedule.sigmas + [0] in float32; resets the step index.
   void set_tables(const Schedule& schedule, at::ScalarType timestep_dtype);
 
