@@ -253,7 +253,7 @@ int run_benchmark(BenchmarkOptions o) {
   m.flops_per_step = flops_per_step(o, pipeline::read_configs(source).unet);
   // (MosaicML's line counts the whole UNet as trainable; a LoRA run logs its own count instead.)
   if (o.task == "unet" && !o.lora_rank && dist::detect_dist_env().rank == 0)
-    std::printf("%s\n", pipeline::parameter_line(pipeline::summarize_components(source)).c_str());
+    log::info("{}", pipeline::parameter_line(pipeline::summarize_components(source)));
 
   // Generation runs in one process; training on every rank the launcher started.
   m.world = o.task == "generate" ? 1 : dist::detect_dist_env().world_size;

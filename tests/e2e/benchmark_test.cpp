@@ -1,5 +1,6 @@
 // `sdtrain benchmark` on tiny-sd1: every task prints one JSON line per rank with the measured numbers, whose
 // FLOPs come from the analytic count; the parameter summary line; and the errors for bad input.
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -38,10 +39,15 @@ int64_t tiny_forward_flops(int64_t batch) {
       models::UNetConfig::load((sd::test::fixtures() / "tiny-sd1" / "unet" / "config.json").string()), batch, 8, 8);
 }
 
+// stdout carries only the JSON line, so that `sdtrain benchmark ... | jq` works; the rest goes to stderr.
 TEST(BenchmarkE2E, UNetTrainingReportsStepsFlopsMfuMemoryAndOpClasses) {
-  auto r = sd::test::run_process(benchmark({"--task=unet", "--train_batch_size=2", "--mixed_precision=no"}), 300s);
+  std::vector<std::string> stdout_only = {"/bin/sh", "-c", "exec \"$@\" 2>/dev/null", "sh"};
+  for (const std::string& arg : benchmark({"--task=unet", "--train_batch_size=2", "--mixed_precision=no"}))
+    stdout_only.push_back(arg);
+  auto r = sd::test::run_process(stdout_only, 300s);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("Model has 4.737444 M parameters and 2.164452 M trainable"), std::string::npos) << r.output;
+  ASSERT_EQ(r.output.back(), '\n') << r.output;
+  ASSERT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
   const auto lines = json_lines(r.output);
   ASSERT_EQ(lines.size(), 1u) << r.output;
   const auto& j = lines[0];
@@ -73,6 +79,10 @@ TEST(BenchmarkE2E, ShardedTrainingOnTwoRanksPrintsALinePerRank) {
                                                                       "--mixed_precision=no", "--no_profile"})),
                                  300s);
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  // MosaicML's parameter line, once (from rank 0).
+  const std::string parameters = "Model has 4.737444 M parameters and 2.164452 M trainable";
+  EXPECT_NE(r.output.find(parameters), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find(parameters), r.output.rfind(parameters)) << r.output;
   const auto lines = json_lines(r.output);
   ASSERT_EQ(lines.size(), 2u) << r.output;
   for (const auto& j : lines) {
