@@ -46,8 +46,8 @@ TEST(BenchmarkE2E, UNetTrainingReportsStepsFlopsMfuMemoryAndOpClasses) {
     stdout_only.push_back(arg);
   auto r = sd::test::run_process(stdout_only, 300s);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  ASSERT_EQ(r.output.back(), '\n') << r.output;
   ASSERT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+  ASSERT_EQ(r.output.back(), '\n') << r.output;
   const auto lines = json_lines(r.output);
   ASSERT_EQ(lines.size(), 1u) << r.output;
   const auto& j = lines[0];
