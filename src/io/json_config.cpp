@@ -2,6 +2,9 @@
 
 #include "io/atomic_file.h"
 
+#include <cmath>
+#include <limits>
+
 namespace sd::io {
 
 using nlohmann::json;
@@ -76,16 +79,25 @@ void JsonConfig::fail_key(const std::string& key, const std::string& expected) c
 
 template <>
 int64_t JsonConfig::convert<int64_t>(const std::string& key, const json& value) const {
-  // 1.0 is accepted as an integer: Python writes floats for some integral keys.
+  if (value.is_number_unsigned() && value.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
+    fail_key(key, "an integer that fits in 64 bits");
   if (value.is_number_integer()) return value.get<int64_t>();
-  if (value.is_number_float() && value.get<double>() == static_cast<double>(static_cast<int64_t>(value.get<double>())))
-    return static_cast<int64_t>(value.get<double>());
+  // 1.0 is accepted as an integer: Python writes floats for some integral keys. The range check comes first
+  // because casting a double outside int64's range is undefined behaviour.
+  if (value.is_number_float()) {
+    const double number = value.get<double>();
+    const bool fits = number >= -0x1p63 && number < 0x1p63;
+    if (fits && number == std::trunc(number)) return static_cast<int64_t>(number);
+  }
   fail_key(key, "an integer");
 }
 
 template <>
 int JsonConfig::convert<int>(const std::string& key, const json& value) const {
-  return static_cast<int>(convert<int64_t>(key, value));
+  const int64_t number = convert<int64_t>(key, value);
+  if (number < std::numeric_limits<int>::min() || number > std::numeric_limits<int>::max())
+    fail_key(key, "an integer that fits in 32 bits");
+  return static_cast<int>(number);
 }
 
 template <>
