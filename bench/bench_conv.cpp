@@ -1,14 +1,15 @@
 // The UNet's convolutions at their real shapes: LibTorch's convolution (oneDNN) against models/conv2d.h's
-// im2col + GEMM, forward + backward (input, weight and bias gradients), float32. The JSON lines show where each is
-// faster, which is what conv2d()'s choice (at most 256 output pixels per batch: the GEMM) rests on. The third path,
+// im2col + GEMM, forward + backward (input, weight and bias gradients), float32 or bf16. The JSON lines show where each
+// is faster, which is what conv2d()'s choice (at most 256 output pixels per batch: the GEMM) rests on. The third path,
 // "channels_last", is LibTorch's convolution on NHWC input, weight and gradient (as a UNet held channels-last would
 // pass them): oneDNN's native layout on CPU, so no reorder around each call.
-//   bench_conv [--threads N]
+//   bench_conv [--threads N] [--dtype float32|bf16]
 #include <torch/csrc/autograd/autograd.h>
 
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <string>
 #include <vector>
 
 #include "bench_util.h"
@@ -25,8 +26,12 @@ struct Case {
 
 int main(int argc, char** argv) {
   int threads = 2;
-  for (int i = 1; i + 1 < argc; i += 2)
+  std::string dtype_name = "float32";
+  for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--dtype")) dtype_name = argv[i + 1];
+  }
+  const at::ScalarType dtype = dtype_name == "bf16" ? at::kBFloat16 : at::kFloat;
   sd::set_compute_threads(threads);
   // SD-1.5's levels at 256² (32, 16, 8 and 4 pixels a side) and 512² (64), its resnet (3x3) and projection or
   // shortcut (1x1) convolutions, at batch 1 and 4.
@@ -37,14 +42,18 @@ int main(int argc, char** argv) {
       for (int64_t kernel : {3, 1}) cases.push_back({batch, channels, channels, kernel, size});
   for (const Case& c : cases) {
     at::manual_seed(0);
-    const at::Tensor x0 = at::randn({c.batch, c.in, c.size, c.size});
-    const at::Tensor w0 = at::randn({c.out, c.in, c.kernel, c.kernel}) * 0.02, b0 = at::randn({c.out});
-    const at::Tensor grad = at::randn({c.batch, c.out, c.size, c.size});
+    const at::Tensor x0 = at::randn({c.batch, c.in, c.size, c.size}).to(dtype);
+    const at::Tensor w0 = (at::randn({c.out, c.in, c.kernel, c.kernel}) * 0.02).to(dtype);
+    const at::Tensor b0 = at::randn({c.out}).to(dtype);
+    const at::Tensor grad = at::randn({c.batch, c.out, c.size, c.size}).to(dtype);
     const std::vector<int64_t> stride{1, 1}, padding{c.kernel / 2, c.kernel / 2};
-    nlohmann::json line = {
-        {"batch", c.batch}, {"in", c.in},
-        {"out", c.out},     {"kernel", c.kernel},
-        {"size", c.size},   {"conv2d_takes_gemm", sd::models::conv2d_runs_as_gemm(x0, w0, stride, padding)}};
+    nlohmann::json line = {{"dtype", dtype_name},
+                           {"batch", c.batch},
+                           {"in", c.in},
+                           {"out", c.out},
+                           {"kernel", c.kernel},
+                           {"size", c.size},
+                           {"conv2d_takes_gemm", sd::models::conv2d_runs_as_gemm(x0, w0, stride, padding)}};
     const double flops = 3.0 * 2 * c.batch * c.in * c.out * c.kernel * c.kernel * c.size * c.size;
     const auto nhwc = at::MemoryFormat::ChannelsLast;
     const at::Tensor x0_nhwc = x0.contiguous(nhwc), w0_nhwc = w0.contiguous(nhwc), grad_nhwc = grad.contiguous(nhwc);

@@ -4,7 +4,14 @@ namespace sd::models {
 
 namespace {
 
-constexpr int64_t kMostGemmPixels = 256;  // measured: bench_conv (GEMM ahead at 8x8 and 16x16, behind at 32x32)
+// Where the GEMM wins, measured with bench_conv (output pixels over the whole batch):
+//   float32: up to 256 pixels (ahead at 8x8 and 16x16, behind at 32x32);
+//   bf16: oneDNN's bf16 convolution is fast on large maps but slow on small ones (74-250 GFLOP/s at 4x4 and 8x8
+//   against 360-440 for the GEMM), and its 1x1 convolutions trail the GEMM up to 32x32 (360 against 520), while
+//   its 3x3 ones lead from 16x16 (514 against 412).
+constexpr int64_t kMostGemmPixelsFloat32 = 256;
+constexpr int64_t kMostGemmPixelsBf16Pointwise = 1024;
+constexpr int64_t kMostGemmPixelsBf16 = 256, kMostGemmMapPixelsBf16 = 64;
 
 int64_t output_size(int64_t in, int64_t kernel, int64_t stride, int64_t padding) {
   return (in + 2 * padding - kernel) / stride + 1;
@@ -29,10 +36,14 @@ at::Tensor conv2d_as_gemm(const at::Tensor& x, const at::Tensor& weight, const a
 
 bool conv2d_runs_as_gemm(const at::Tensor& x, const at::Tensor& weight, at::IntArrayRef stride,
                          at::IntArrayRef padding) {
-  if (!x.is_cpu() || x.scalar_type() != at::kFloat || x.dim() != 4 || weight.dim() != 4) return false;
-  const int64_t pixels = x.size(0) * output_size(x.size(2), weight.size(2), stride[0], padding[0]) *
-                         output_size(x.size(3), weight.size(3), stride[1], padding[1]);
-  return pixels <= kMostGemmPixels;
+  if (!x.is_cpu() || x.dim() != 4 || weight.dim() != 4) return false;
+  const int64_t map_pixels = output_size(x.size(2), weight.size(2), stride[0], padding[0]) *
+                             output_size(x.size(3), weight.size(3), stride[1], padding[1]);
+  const int64_t pixels = x.size(0) * map_pixels;
+  if (x.scalar_type() == at::kFloat) return pixels <= kMostGemmPixelsFloat32;
+  if (x.scalar_type() != at::kBFloat16) return false;
+  if (weight.size(2) == 1 && weight.size(3) == 1) return pixels <= kMostGemmPixelsBf16Pointwise;
+  return pixels <= kMostGemmPixelsBf16 && map_pixels <= kMostGemmMapPixelsBf16;
 }
 
 at::Tensor conv2d(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, at::IntArrayRef stride,

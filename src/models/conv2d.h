@@ -2,7 +2,8 @@
 // im2col kernel), which in float32 reaches 120-150 GFLOP/s on SD's 32x32 and 64x64 feature maps but only 15-30
 // GFLOP/s on the 8x8 and 4x4 maps of the lowest UNet levels, where a batch has few pixels and many channels. There,
 // unfolding the input (im2col) and running one GEMM over every image and pixel is 2-4x faster, forward and backward
-// (bench/bench_conv). Every other case, and every other dtype or device, takes LibTorch's own convolution.
+// (bench/bench_conv). In bf16 the same holds on 8x8 and 4x4 maps and, for 1x1 kernels, up to 32x32. Every other
+// case, and every other dtype or device, takes LibTorch's own convolution.
 #pragma once
 #include <ATen/ATen.h>
 
@@ -17,8 +18,8 @@ at::Tensor conv2d(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
 at::Tensor conv2d_as_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, at::IntArrayRef stride,
                           at::IntArrayRef padding);
 
-// Whether conv2d() computes this convolution as im2col + GEMM (float32 on a CPU, at most 256 output pixels over
-// the whole batch).
+// Whether conv2d() computes this convolution as im2col + GEMM (on a CPU: float32 up to 256 output pixels over the
+// whole batch; bf16 1x1 up to 1024, other bf16 kernels on maps of at most 8x8 up to 256).
 bool conv2d_runs_as_gemm(const at::Tensor& x, const at::Tensor& weight, at::IntArrayRef stride,
                          at::IntArrayRef padding);
 

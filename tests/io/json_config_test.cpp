@@ -31,7 +31,8 @@ TEST(JsonConfig, NumbersOutsideTheTargetTypeAreRefusedNotWrapped) {
   // The fuzzer's case: a float far outside int64 used to be cast (undefined behaviour) instead of refused.
   EXPECT_EQ(error_reading_int64(1e300), "c.json: key 'n' must be an integer, got 1e+300");
   EXPECT_EQ(error_reading_int64(-1e19), "c.json: key 'n' must be an integer, got -1e+19");
-  EXPECT_EQ(error_reading_int64(9223372036854775808.0), "c.json: key 'n' must be an integer, got 9.223372036854776e+18");
+  EXPECT_EQ(error_reading_int64(9223372036854775808.0),
+            "c.json: key 'n' must be an integer, got 9.223372036854776e+18");
   EXPECT_EQ(error_reading_int64(json(uint64_t(18446744073709551615u))),
             "c.json: key 'n' must be an integer that fits in 64 bits, got 18446744073709551615");
   EXPECT_EQ(error_reading_int(4294967297), "c.json: key 'n' must be an integer that fits in 32 bits, got 4294967297");

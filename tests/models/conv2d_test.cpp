@@ -60,7 +60,7 @@ TEST(Conv2d, GemmPathEqualsLibTorchsConvolutionForwardAndBackward) {
   }
 }
 
-TEST(Conv2d, SmallFloat32MapsTakeTheGemmPathAndEverythingElseLibTorchs) {
+TEST(Conv2d, SmallMapsTakeTheGemmPathAndEverythingElseLibTorchs) {
   const std::vector<int64_t> one{1, 1}, two{2, 2}, zero{0, 0};
   const at::Tensor w3 = at::zeros({4, 4, 3, 3});
   EXPECT_TRUE(conv2d_runs_as_gemm(at::zeros({1, 4, 16, 16}), w3, one, one));   // 256 output pixels
@@ -69,12 +69,24 @@ TEST(Conv2d, SmallFloat32MapsTakeTheGemmPathAndEverythingElseLibTorchs) {
   EXPECT_FALSE(conv2d_runs_as_gemm(at::zeros({1, 4, 32, 32}), w3, one, one));  // 1024
   EXPECT_FALSE(conv2d_runs_as_gemm(at::zeros({2, 4, 16, 16}), w3, one, one));  // 512
   EXPECT_FALSE(conv2d_runs_as_gemm(at::zeros({1, 4, 8, 8}, at::kDouble), w3.to(at::kDouble), one, one));
-  EXPECT_FALSE(conv2d_runs_as_gemm(at::zeros({1, 4, 8, 8}, at::kBFloat16), w3.to(at::kBFloat16), one, one));
+  // bf16: 3x3 on maps of at most 8x8 (256 pixels at most), 1x1 up to 1024 pixels.
+  const auto bf16 = [](const at::Tensor& t) { return t.to(at::kBFloat16); };
+  const at::Tensor w1 = at::zeros({4, 4, 1, 1});
+  EXPECT_TRUE(conv2d_runs_as_gemm(bf16(at::zeros({1, 4, 8, 8})), bf16(w3), one, one));
+  EXPECT_TRUE(conv2d_runs_as_gemm(bf16(at::zeros({4, 4, 8, 8})), bf16(w3), one, one));
+  EXPECT_FALSE(conv2d_runs_as_gemm(bf16(at::zeros({8, 4, 8, 8})), bf16(w3), one, one));    // 512
+  EXPECT_FALSE(conv2d_runs_as_gemm(bf16(at::zeros({1, 4, 16, 16})), bf16(w3), one, one));  // a 16x16 map
+  EXPECT_TRUE(conv2d_runs_as_gemm(bf16(at::zeros({1, 4, 32, 32})), bf16(w1), one, zero));
+  EXPECT_FALSE(conv2d_runs_as_gemm(bf16(at::zeros({2, 4, 32, 32})), bf16(w1), one, zero));  // 2048
+  EXPECT_FALSE(conv2d_runs_as_gemm(at::zeros({1, 4, 32, 32}), w1, one, zero));              // float32: 1024 pixels
   // Whichever path it takes, conv2d() computes the convolution.
   const at::Tensor x = at::randn({1, 4, 8, 8}), w = at::randn({4, 4, 3, 3}), b = at::randn({4});
   EXPECT_TRUE(sd::test::close_rel_max(conv2d(x, w, b, one, one), at::conv2d(x, w, b, one, one), 1e-5));
   const at::Tensor big = at::randn({1, 4, 20, 20});
   EXPECT_TRUE(at::equal(conv2d(big, w, b, one, zero), at::conv2d(big, w, b, one, zero)));
+  // In bf16 both paths round their products to bf16 and accumulate in float32, in different orders.
+  EXPECT_TRUE(sd::test::close_rel_max(conv2d(bf16(x), bf16(w), bf16(b), one, one).to(at::kFloat),
+                                      at::conv2d(bf16(x), bf16(w), bf16(b), one, one).to(at::kFloat), 2e-2));
 }
 
 }  // namespace
