@@ -1,6 +1,6 @@
 // The UNet's convolutions at their real shapes: LibTorch's convolution (oneDNN) against models/conv2d.h's
 // im2col + GEMM, forward + backward (input, weight and bias gradients), float32 or bf16. The JSON lines show where each
-// is faster, which is what conv2d()'s choice (at most 256 output pixels per batch: the GEMM) rests on. The third path,
+// is faster, which is what conv2d()'s choice (conv2d_runs_as_gemm, per dtype) rests on. The third path,
 // "channels_last", is LibTorch's convolution on NHWC input, weight and gradient (as a UNet held channels-last would
 // pass them): oneDNN's native layout on CPU, so no reorder around each call.
 //   bench_conv [--threads N] [--dtype float32|bf16]
