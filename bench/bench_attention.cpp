@@ -34,7 +34,7 @@ int main(int argc, char** argv) {
   at::ScalarType dtype = at::kFloat;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(argv[i + 1]);
-    if (!std::strcmp(argv[i], "--dtype")) dtype = std::string(argv[i + 1]) == "bf16" ? at::kBFloat16 : at::kFloat;
+    if (!std::strcmp(argv[i], "--dtype")) dtype = sd::bench::dtype_from_name(argv[i + 1]);
   }
   sd::set_compute_threads(threads);
   const std::vector<Case> cases = {

@@ -31,7 +31,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--dtype")) dtype_name = argv[i + 1];
   }
-  const at::ScalarType dtype = dtype_name == "bf16" ? at::kBFloat16 : at::kFloat;
+  const at::ScalarType dtype = sd::bench::dtype_from_name(dtype_name);
   sd::set_compute_threads(threads);
   // SD-1.5's levels at 256² (32, 16, 8 and 4 pixels a side) and 512² (64), its resnet (3x3) and projection or
   // shortcut (1x1) convolutions, at batch 1 and 4.

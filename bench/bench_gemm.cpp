@@ -49,7 +49,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--dtype")) dtype_name = argv[i + 1];
   }
   sd::set_compute_threads(threads);
-  const at::ScalarType dtype = dtype_name == "bf16" ? at::kBFloat16 : at::kFloat;
+  const at::ScalarType dtype = sd::bench::dtype_from_name(dtype_name);
   const double peak = sd::perf::gemm_gflops(dtype);
   for (const Shape& s : transformer_shapes(resolution)) {
     const auto options = at::TensorOptions().dtype(dtype);

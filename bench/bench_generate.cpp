@@ -46,7 +46,7 @@ sd::text::ClipTokenizer builtin_tokenizer() {
 }
 
 int run_case(const std::string& dtype_name, int64_t size) {
-  const at::ScalarType dtype = dtype_name == "bf16" ? at::kBFloat16 : at::kFloat;
+  const at::ScalarType dtype = sd::bench::dtype_from_name(dtype_name);
   const auto build_start = Clock::now();
   sd::pipeline::StableDiffusion pipe{sd::pipeline::model_index_json("PNDMScheduler"),
                                      builtin_tokenizer(),

@@ -2,6 +2,7 @@
 // mark, reset between cases), and one JSON object per case on stdout.
 #pragma once
 #include <ATen/Parallel.h>
+#include <c10/core/ScalarType.h>
 #include <sys/resource.h>
 #include <stb_image_write.h>
 #include <sys/wait.h>
@@ -9,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <chrono>
 #include <fstream>
@@ -116,6 +118,15 @@ inline void write_bench_jpegs(const std::filesystem::path& dir, int count, int w
              "{}.jpg: cannot write the benchmark image", stem);
     std::ofstream(stem + ".txt") << "a benchmark image, number " << i << ", gradient, texture";
   }
+}
+
+// The --dtype of the kernel benchmarks: "float32" or "bf16". Anything else ends the benchmark with a line rather
+// than measuring float32 under another name.
+inline at::ScalarType dtype_from_name(const std::string& name) {
+  if (name == "float32") return at::kFloat;
+  if (name == "bf16") return at::kBFloat16;
+  std::fprintf(stderr, "--dtype: expected float32 or bf16, got '%s'\n", name.c_str());
+  std::exit(2);
 }
 
 // A training benchmark case by name: "tiny" (64x64) or "sd15-RES" (the SD-1.5 architecture at RES x RES).
