@@ -1,7 +1,9 @@
 // The optimizer step over N float32 parameters: LibTorch's torch::optim::AdamW (op by op) against sdtrain's fused
 // AdamW pass, and the fused EMA update. Memory traffic decides these; the JSON gives seconds and GB/s of the
 // minimal traffic (AdamW: read g, p, m, v and write p, m, v = 28 bytes per parameter; EMA: 12).
-//   bench_optimizer [millions of parameters, default 100]
+// The bf16 training step's two forms: float32 gradients, then a separate refresh of the bf16 compute weights
+// (28 + 6 bytes), against bf16 gradients read and the bf16 weights written in the same pass (2 + 12 + 12 + 2 = 28).
+//   bench_optimizer [millions of parameters, default 100] [threads, default 2]
 #include <torch/optim/adamw.h>
 
 #include <cstdio>
@@ -13,7 +15,7 @@
 #include "train/ema.h"
 
 int main(int argc, char** argv) {
-  sd::set_compute_threads(2);
+  sd::set_compute_threads(argc > 2 ? std::atoi(argv[2]) : 2);
   const int64_t n = (argc > 1 ? std::atoll(argv[1]) : 100) * 1000000;
   at::Tensor p = at::randn({n}), g = at::randn({n}) * 1e-3;
 
@@ -26,6 +28,17 @@ int main(int argc, char** argv) {
   at::Tensor fused_p = p.clone();
   const auto ours = sd::bench::time_it([&] { fused.step({fused_p}, {g}, 1e-4); }, 1, 5);
 
+  at::Tensor compute = p.to(at::kBFloat16), g_bf16 = g.to(at::kBFloat16);
+  sd::train::AdamW then_refresh(sd::train::AdamWOptions{}), in_one_pass(sd::train::AdamWOptions{});
+  const auto bf16_then_refresh = sd::bench::time_it(
+      [&] {
+        then_refresh.step({fused_p}, {g}, 1e-4);
+        compute.copy_(fused_p);
+      },
+      1, 5);
+  const auto bf16_one_pass =
+      sd::bench::time_it([&] { in_one_pass.step({fused_p}, {g_bf16}, 1e-4, 1.0, {compute}); }, 1, 5);
+
   sd::train::Ema ema(sd::train::EmaOptions{}, {p});
   const auto ema_time = sd::bench::time_it([&] { ema.update({fused_p}); }, 1, 5);
 
@@ -34,9 +47,12 @@ int main(int argc, char** argv) {
                                  {"libtorch_adamw", sd::bench::timing_json(libtorch)},
                                  {"fused_adamw", sd::bench::timing_json(ours)},
                                  {"fused_ema", sd::bench::timing_json(ema_time)},
+                                 {"bf16_step_float32_grads_then_refresh", sd::bench::timing_json(bf16_then_refresh)},
+                                 {"bf16_step_bf16_grads_one_pass", sd::bench::timing_json(bf16_one_pass)},
                                  {"speedup", libtorch.median_s / ours.median_s},
                                  {"fused_adamw_gb_per_s", gbps(28, ours.median_s)},
                                  {"libtorch_adamw_effective_gb_per_s", gbps(28, libtorch.median_s)},
-                                 {"fused_ema_gb_per_s", gbps(12, ema_time.median_s)}};
+                                 {"fused_ema_gb_per_s", gbps(12, ema_time.median_s)},
+                                 {"bf16_step_one_pass_speedup", bf16_then_refresh.median_s / bf16_one_pass.median_s}};
   std::printf("%s\n", result.dump().c_str());
 }

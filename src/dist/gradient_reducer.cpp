@@ -72,6 +72,9 @@ void GradientReducer::begin_micro_batch(bool first, bool last) {
   }
   // Unsharded, a step's micro-batches accumulate into the same buffers: the first write of a step copies.
   if (sharded_ || first) written_.assign(written_.size(), false);
+  // One rank's only micro-batch sums nothing: its buffers keep autograd's dtype (bf16 halves their memory and the
+  // optimizer's reads; in float32 they would hold the very same values).
+  if (first) buffer_dtype_ = comm_->world_size() == 1 && last ? params_.front().scalar_type() : at::kFloat;
   ready_.assign(ready_.size(), 0);
   next_to_send_ = 0;
 }
@@ -112,7 +115,7 @@ constexpr size_t kMaxBucketsInFlight = 2;
 at::Tensor& GradientReducer::buffer_for(size_t b) {
   if (!buffers_[b].defined()) {
     while (sharded_ && in_flight_.size() >= kMaxBucketsInFlight) complete_oldest_locked();
-    buffers_[b] = at::empty({layout_.buckets()[b].padded_numel}, at::kFloat);
+    buffers_[b] = at::empty({layout_.buckets()[b].padded_numel}, buffer_dtype_);
     buffered_bytes_ += buffers_[b].nbytes();
     peak_buffered_bytes_ = std::max(peak_buffered_bytes_, buffered_bytes_);
   }

@@ -5,7 +5,8 @@
 //     with no_sync, then a sync step);
 //   - with sharding, every micro-batch's buckets are reduce-scattered and each rank keeps only the sum of its own
 //     slice, so no rank ever holds a whole model's gradients (FSDP's SHARD_GRAD_OP).
-// Gradients are accumulated and reduced in float32 whatever the compute dtype. finish() returns sums over ranks and
+// Gradients are accumulated and reduced in float32 whatever the compute dtype; only a single rank's single
+// micro-batch, where nothing is summed, keeps the parameters' dtype. finish() returns sums over ranks and
 // micro-batches; dividing by them is the caller's choice.
 #pragma once
 #include <ATen/ATen.h>
@@ -35,8 +36,8 @@ class GradientReducer {
   // Sends the buckets backward left incomplete (a parameter without a gradient counts as zeros).
   void end_micro_batch();
   // After the last micro-batch: waits for every bucket and returns per bucket this rank's owned slice of the gradient
-  // summed over ranks and micro-batches (float32, layout.owned_numel(b, rank) elements). The reducer keeps no
-  // reference to them: they are freed when the caller drops them. Throws sd::Error naming a lost rank if a
+  // summed over ranks and micro-batches (layout.owned_numel(b, rank) elements, float32 or as said above). The reducer
+  // keeps no reference to them: they are freed when the caller drops them. Throws sd::Error naming a lost rank if a
   // collective failed.
   std::vector<at::Tensor> finish();
 
@@ -67,6 +68,7 @@ class GradientReducer {
   // Without sharding: the whole step's gradient per bucket. With sharding: per bucket the micro-batch being
   // gathered and the running sum of the owned slice. All undefined between steps (see buffer_for).
   std::vector<at::Tensor> buffers_;
+  at::ScalarType buffer_dtype_ = at::kFloat;
   std::vector<at::Tensor> owned_sums_;
   std::deque<InFlight> in_flight_;
   std::vector<bool> written_;  // parameter's gradient copied in during this micro-batch (or step, unsharded)

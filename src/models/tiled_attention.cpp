@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/parallel.h"
 #include "perf/op_profiler.h"
 
 namespace sd::models {
@@ -30,7 +31,7 @@ struct Tile {
 template <typename Fn>
 void for_each_tile(int64_t slices, int64_t lq, int64_t tile_rows, const Fn& fn) {
   const int64_t tiles_per_slice = (lq + tile_rows - 1) / tile_rows;
-  at::parallel_for(0, slices * tiles_per_slice, 1, [&](int64_t begin, int64_t end) {
+  sd::parallel_for(0, slices * tiles_per_slice, 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const int64_t bh = i / tiles_per_slice, row = i % tiles_per_slice * tile_rows;
       fn(Tile{bh, row, std::min(tile_rows, lq - row)}, at::get_thread_num());

@@ -1,12 +1,12 @@
 #include "train/adamw.h"
 
-#include <ATen/Parallel.h>
-#include <immintrin.h>
 #include <ATen/core/grad_mode.h>
+#include <immintrin.h>
 
 #include <cmath>
 
 #include "core/error.h"
+#include "core/parallel.h"
 
 namespace sd::train {
 
@@ -28,18 +28,41 @@ struct AdamWCoefficients {
   float grad_scale, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, sqrt_bias_correction2, eps, neg_step_size;
 };
 
-float update_one(float& p, float g_raw, float& m, float& v, const AdamWCoefficients& c) {
-  const float g = g_raw * c.grad_scale;
+// Gradients arrive in float32 or, straight from a bf16 backward with nothing to sum, in bf16 (widened exactly).
+template <typename Grad>
+float update_one(float& p, Grad g_raw, float& m, float& v, const AdamWCoefficients& c) {
+  const float g = static_cast<float>(g_raw) * c.grad_scale;
   const float param = p * c.decay;
   m = m * c.beta1 + c.one_minus_beta1 * g;
   v = v * c.beta2 + c.one_minus_beta2 * g * g;
   return p = param + c.neg_step_size * (m / (std::sqrt(v) / c.sqrt_bias_correction2 + c.eps));
 }
 
+__attribute__((target("avx2,fma"))) __m256 load8(const float* g) { return _mm256_loadu_ps(g); }
+__attribute__((target("avx2,fma"))) __m256 load8(const c10::BFloat16* g) {
+  const __m256i widened = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(widened, 16));
+}
+
+// Rounds to bf16 as c10::BFloat16(float) does: to nearest, ties to even; NaN becomes 0x7FC0.
+__attribute__((target("avx2,fma"))) void store8_rounded(c10::BFloat16* out, __m256 x) {
+  const __m256i bits = _mm256_castps_si256(x);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i rounded =
+      _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  const __m256i halves = _mm256_blendv_epi8(rounded, _mm256_set1_epi32(0x7FC0), nan);
+  // Pack the eight 32-bit lanes' low halves into eight consecutive 16-bit values.
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(halves, halves), 0xD8);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm256_castsi256_si128(packed));
+}
+
 // Eight elements at a time with AVX2 (and its fused multiply-adds, as LibTorch's vector kernels use them); the
-// scalar form for the tail and for CPUs without AVX2.
-__attribute__((target("avx2,fma"))) void update_range_avx2(float* p, const float* g, float* m, float* v, int64_t begin,
-                                                           int64_t end, const AdamWCoefficients& c) {
+// scalar form for the tail and for CPUs without AVX2. `rounded`, if not null, receives each new parameter in bf16.
+template <typename Grad>
+__attribute__((target("avx2,fma"))) void update_range_avx2(float* p, const Grad* g, float* m, float* v,
+                                                           c10::BFloat16* rounded, int64_t begin, int64_t end,
+                                                           const AdamWCoefficients& c) {
   const __m256 grad_scale = _mm256_set1_ps(c.grad_scale), decay = _mm256_set1_ps(c.decay),
                beta1 = _mm256_set1_ps(c.beta1), one_minus_beta1 = _mm256_set1_ps(c.one_minus_beta1),
                beta2 = _mm256_set1_ps(c.beta2), one_minus_beta2 = _mm256_set1_ps(c.one_minus_beta2),
@@ -47,31 +70,42 @@ __attribute__((target("avx2,fma"))) void update_range_avx2(float* p, const float
                neg_step_size = _mm256_set1_ps(c.neg_step_size);
   int64_t i = begin;
   for (; i + 8 <= end; i += 8) {
-    const __m256 grad = _mm256_mul_ps(_mm256_loadu_ps(g + i), grad_scale);
+    const __m256 grad = _mm256_mul_ps(load8(g + i), grad_scale);
     const __m256 param = _mm256_mul_ps(_mm256_loadu_ps(p + i), decay);
     const __m256 m_new = _mm256_fmadd_ps(grad, one_minus_beta1, _mm256_mul_ps(_mm256_loadu_ps(m + i), beta1));
     const __m256 v_new =
         _mm256_fmadd_ps(_mm256_mul_ps(grad, one_minus_beta2), grad, _mm256_mul_ps(_mm256_loadu_ps(v + i), beta2));
     const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(v_new), sqrt_bias_correction2), eps);
+    const __m256 p_new = _mm256_fmadd_ps(neg_step_size, _mm256_div_ps(m_new, denom), param);
     _mm256_storeu_ps(m + i, m_new);
     _mm256_storeu_ps(v + i, v_new);
-    _mm256_storeu_ps(p + i, _mm256_fmadd_ps(neg_step_size, _mm256_div_ps(m_new, denom), param));
+    _mm256_storeu_ps(p + i, p_new);
+    if (rounded) store8_rounded(rounded + i, p_new);
   }
-  for (; i < end; ++i) update_one(p[i], g[i], m[i], v[i], c);
+  for (; i < end; ++i) {
+    const float p_new = update_one(p[i], g[i], m[i], v[i], c);
+    if (rounded) rounded[i] = c10::BFloat16(p_new);
+  }
 }
 
-void update_range(float* p, const float* g, float* m, float* v, int64_t begin, int64_t end,
+template <typename Grad>
+void update_range(float* p, const Grad* g, float* m, float* v, c10::BFloat16* rounded, int64_t begin, int64_t end,
                   const AdamWCoefficients& c) {
   static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  if (avx2) return update_range_avx2(p, g, m, v, begin, end, c);
-  for (int64_t i = begin; i < end; ++i) update_one(p[i], g[i], m[i], v[i], c);
+  if (avx2) return update_range_avx2(p, g, m, v, rounded, begin, end, c);
+  for (int64_t i = begin; i < end; ++i) {
+    const float p_new = update_one(p[i], g[i], m[i], v[i], c);
+    if (rounded) rounded[i] = c10::BFloat16(p_new);
+  }
 }
 
 }  // namespace
 
 void AdamW::step(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads, double lr,
-                 double grad_scale) {
+                 double grad_scale, const std::vector<at::Tensor>& rounded_copies) {
   SD_CHECK(params.size() == grads.size(), "AdamW: {} parameters but {} gradients", params.size(), grads.size());
+  SD_CHECK(rounded_copies.empty() || rounded_copies.size() == params.size(), "AdamW: {} parameters but {} copies",
+           params.size(), rounded_copies.size());
   at::NoGradGuard no_grad;
   if (exp_avg_.empty()) {
     for (const auto& p : params) {
@@ -93,20 +127,33 @@ void AdamW::step(const std::vector<at::Tensor>& params, const std::vector<at::Te
                             static_cast<float>(std::sqrt(bias_correction2)),
                             static_cast<float>(options_.eps),
                             static_cast<float>(-lr / bias_correction1)};
-  // One pass over each tensor reading g, p, m, v and writing p, m, v: the optimizer is memory-bound, and LibTorch's
-  // op-by-op form reads and writes the same arrays about ten times (see docs/benchmarks.md).
+  // One pass over each tensor reading g, p, m, v and writing p, m, v (and the bf16 copy): the optimizer is
+  // memory-bound, and LibTorch's op-by-op form reads and writes the same arrays about ten times (docs/benchmarks.md).
   for (size_t i = 0; i < params.size(); ++i) {
     const at::Tensor& p = params[i];
-    const at::Tensor g = grads[i].to(at::kFloat).contiguous();
-    SD_CHECK(p.scalar_type() == at::kFloat && p.is_contiguous() && g.numel() == p.numel(),
-             "AdamW updates contiguous float32 tensors (parameter {} is {} with {} elements, its gradient {})", i,
-             c10::toString(p.scalar_type()), p.numel(), g.numel());
+    const at::Tensor& g = grads[i];
+    const bool bf16_grad = g.scalar_type() == at::kBFloat16;
+    SD_CHECK(p.scalar_type() == at::kFloat && p.is_contiguous() && g.is_contiguous() && g.numel() == p.numel() &&
+                 (bf16_grad || g.scalar_type() == at::kFloat),
+             "AdamW updates contiguous float32 tensors from float32 or bf16 gradients (parameter {} is {} with {} "
+             "elements, its gradient {} with {})",
+             i, c10::toString(p.scalar_type()), p.numel(), c10::toString(g.scalar_type()), g.numel());
+    c10::BFloat16* rounded = nullptr;
+    if (!rounded_copies.empty()) {
+      const at::Tensor& r = rounded_copies[i];
+      SD_CHECK(r.scalar_type() == at::kBFloat16 && r.is_contiguous() && r.numel() == p.numel(),
+               "AdamW: the rounded copy of parameter {} must be a contiguous bf16 tensor of {} elements", i, p.numel());
+      rounded = r.data_ptr<c10::BFloat16>();
+    }
     float* pp = p.data_ptr<float>();
-    const float* gp = g.data_ptr<float>();
     float* mp = exp_avg_[i].data_ptr<float>();
     float* vp = exp_avg_sq_[i].data_ptr<float>();
-    at::parallel_for(0, p.numel(), 1 << 16,
-                     [&](int64_t begin, int64_t end) { update_range(pp, gp, mp, vp, begin, end, c); });
+    sd::parallel_for(0, p.numel(), 1 << 16, [&](int64_t begin, int64_t end) {
+      if (bf16_grad)
+        update_range(pp, g.data_ptr<c10::BFloat16>(), mp, vp, rounded, begin, end, c);
+      else
+        update_range(pp, g.data_ptr<float>(), mp, vp, rounded, begin, end, c);
+    });
   }
 }
 

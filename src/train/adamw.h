@@ -22,11 +22,13 @@ class AdamW {
  public:
   explicit AdamW(AdamWOptions options);
 
-  // One update of every params[i] by grad_scale * grads[i] (same shapes) at learning rate `lr`. The moments are
-  // created (zeros, shaped like the parameters) on the first step. The scale lets a caller fold averaging and
-  // clipping into this one pass instead of rewriting the gradients first.
+  // One update of every params[i] by grad_scale * grads[i] (same numel; float32, or bf16 read exactly) at learning
+  // rate `lr`. The moments are created (zeros, shaped like the parameters) on the first step. The scale lets a
+  // caller fold averaging and clipping into this one pass instead of rewriting the gradients first. If given,
+  // rounded_copies[i] (bf16) receives the new params[i] rounded as .copy_() rounds, in the same pass: a bf16
+  // model's weights are refreshed without reading the float32 masters again.
   void step(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads, double lr,
-            double grad_scale = 1.0);
+            double grad_scale = 1.0, const std::vector<at::Tensor>& rounded_copies = {});
 
   // Optimizer steps taken (torch's per-parameter `step`; here every parameter is updated at every step).
   int64_t steps() const { return steps_; }

@@ -1,12 +1,12 @@
 #include "train/ema.h"
 
-#include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
 
 #include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
+#include "core/parallel.h"
 
 namespace sd::train {
 
@@ -43,7 +43,7 @@ void Ema::update(const std::vector<at::Tensor>& params) {
              "EMA updates contiguous float32 tensors");
     float* s = shadow_[i].data_ptr<float>();
     const float* p = params[i].data_ptr<float>();
-    at::parallel_for(0, shadow_[i].numel(), 1 << 16, [&](int64_t begin, int64_t end) {
+    sd::parallel_for(0, shadow_[i].numel(), 1 << 16, [&](int64_t begin, int64_t end) {
       for (int64_t k = begin; k < end; ++k) s[k] -= (s[k] - p[k]) * one_minus_decay;
     });
   }

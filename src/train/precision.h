@@ -1,5 +1,6 @@
 // The one place that decides dtypes for training and generation from --mixed_precision. Trained weights are held
-// in float32 ("master" weights, with the AdamW moments, the EMA and the gradients); the forward and backward run in
+// in float32 ("master" weights, with the AdamW moments, the EMA and the gradients, except that one rank's single
+// micro-batch keeps autograd's bf16 gradients, as nothing is summed); the forward and backward run in
 // the compute dtype (bf16 under mixed precision) on a copy the optimizer step refreshes; frozen models (the VAE, the
 // text encoder, a textual-inversion UNet) are stored in the compute dtype. Norms and softmax accumulate in float32
 // inside the models (models/diffusers_blocks.h), and losses are taken in float32.

@@ -117,11 +117,12 @@ double TrainableParameters::reduce_gradients(int64_t micro_batches, std::optiona
     grads_ = reducer_->finish();
   }
   // One norm per parameter (piece), as torch's clip_grad_norm_ takes them: a float32 norm over a whole bucket of
-  // millions of elements would lose digits.
+  // millions of elements would lose digits. Always in float32: bf16 gradients' norm rounded to bf16 would not do.
   double sum_of_squares = 0;
   for (size_t b = 0; b < grads_.size(); ++b)
     for (const dist::OwnedPiece& piece : layout_->owned_pieces(b, rank_)) {
-      const double norm = at::norm(grads_[b].narrow(0, piece.offset, piece.end - piece.begin), 2).item<double>();
+      const at::Tensor g = grads_[b].narrow(0, piece.offset, piece.end - piece.begin);
+      const double norm = at::norm(g, 2, at::kFloat).item<double>();
       sum_of_squares += norm * norm;
     }
   if (layout_->sharded() && comm_->world_size() > 1) {
@@ -146,10 +147,12 @@ void TrainableParameters::step(double lr) {
   SD_CHECK(grads_.size() == master_.size(), "optimizer step without reduced gradients");
   {
     SD_PERF_SCOPE("sdtrain::optimizer");
-    adam_.step(master_, grads_, lr, grad_multiplier_);
+    // In bf16, AdamW's pass also writes this rank's compute weights; in float32 they are the masters themselves.
+    const bool bf16 = options_.precision.compute == at::kBFloat16;
+    adam_.step(master_, grads_, lr, grad_multiplier_, bf16 ? owned_compute_weights() : std::vector<at::Tensor>{});
     if (ema_) ema_->update(master_);
   }
-  refresh_compute_weights(StateKind::kMaster);
+  all_gather_compute_weights();
   grads_.clear();
 }
 
@@ -157,7 +160,10 @@ at::Tensor TrainableParameters::gradient(size_t i) const {
   SD_CHECK(!grads_.empty(), "no reduced gradients (call reduce_gradients first)");
   SD_CHECK(!layout_->sharded() || comm_->world_size() == 1, "a sharded rank holds only its part of each gradient");
   const dist::BucketSlot& slot = layout_->slot_of(i);
-  return grads_[layout_->bucket_of(i)].narrow(0, slot.offset, slot.numel).view(params_[i].tensor.sizes()) *
+  return grads_[layout_->bucket_of(i)]
+             .narrow(0, slot.offset, slot.numel)
+             .view(params_[i].tensor.sizes())
+             .to(at::kFloat) *
          grad_multiplier_;
 }
 
@@ -173,13 +179,23 @@ std::vector<at::Tensor>& TrainableParameters::state_of(StateKind kind) {
   fail("unknown state kind");
 }
 
+std::vector<at::Tensor> TrainableParameters::owned_compute_weights() {
+  std::vector<at::Tensor> owned;
+  for (size_t b = 0; b < compute_.size(); ++b)
+    owned.push_back(compute_[b].narrow(0, layout_->owned_begin(b, rank_), layout_->owned_numel(b, rank_)));
+  return owned;
+}
+
 void TrainableParameters::refresh_compute_weights(StateKind from) {
   at::NoGradGuard no_grad;
   const std::vector<at::Tensor>& source = state_of(from);
-  for (size_t b = 0; b < compute_.size(); ++b) {
-    at::Tensor mine = compute_[b].narrow(0, layout_->owned_begin(b, rank_), layout_->owned_numel(b, rank_));
-    if (!mine.is_same(source[b])) mine.copy_(source[b]);
-  }
+  std::vector<at::Tensor> owned = owned_compute_weights();
+  for (size_t b = 0; b < owned.size(); ++b)
+    if (!owned[b].is_same(source[b])) owned[b].copy_(source[b]);
+  all_gather_compute_weights();
+}
+
+void TrainableParameters::all_gather_compute_weights() {
   if (!layout_->sharded() || comm_->world_size() == 1) return;
   SD_PERF_SCOPE("sdtrain::communication");
   std::vector<std::unique_ptr<dist::PendingCollective>> pending;

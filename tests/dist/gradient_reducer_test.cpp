@@ -32,7 +32,7 @@ struct Net : torch::nn::Module {
     extra = register_parameter("extra", torch::randn({4}));
   }
   at::Tensor forward(const at::Tensor& x, bool use_extra) {
-    auto h = torch::tanh(a->forward(x));
+    auto h = torch::tanh(a->forward(x.to(a->weight.scalar_type())));
     h = torch::relu(b->forward(h));
     auto y = c->forward(h);
     if (use_extra) y = y * extra;
@@ -152,7 +152,9 @@ TEST(GradientReducer, KeepsNoGradientBetweenStepsAndFewBucketsWhenSharded) {
     expect_close(results);
     for (const RankResult& r : results) {
       EXPECT_FALSE(r.reducer_kept_a_gradient) << "sharded " << sharded;
-      if (sharded) EXPECT_LE(r.peak_buffered_bytes, 3 * r.largest_bucket_bytes);
+      if (sharded) {
+        EXPECT_LE(r.peak_buffered_bytes, 3 * r.largest_bucket_bytes);
+      }
     }
   }
 }
@@ -160,6 +162,38 @@ TEST(GradientReducer, KeepsNoGradientBetweenStepsAndFewBucketsWhenSharded) {
 TEST(GradientReducer, SingleRank) {
   expect_close(run_step(1, 2, 256, false, false));
   expect_close(run_step(1, 2, 256, true, false));
+}
+
+// One rank's only micro-batch sums nothing, so its buckets keep the gradients as autograd made them (bf16 here, bit
+// for bit: half the memory and half the optimizer's reads); as soon as something is summed they are float32.
+TEST(GradientReducer, OneRanksOnlyMicroBatchKeepsTheGradientsDtype) {
+  for (const bool sharded : {false, true}) {
+    for (const int micro_batches : {1, 2}) {
+      Net net;
+      net.to(at::kBFloat16);
+      BucketLayout layout(net.numels(), 256, 1, sharded);
+      const auto expected = expected_buckets(layout, net, 1, micro_batches, false);
+      GradientReducer reducer(std::make_shared<LocalCommunicator>(), net.parameters(), layout);
+      for (int m = 0; m < micro_batches; ++m) {
+        reducer.begin_micro_batch(m == 0, m + 1 == micro_batches);
+        net.forward(input_for(0, m), true).backward();
+        reducer.end_micro_batch();
+      }
+      const auto reduced = reducer.finish();
+      ASSERT_EQ(reduced.size(), expected.size());
+      for (size_t b = 0; b < reduced.size(); ++b) {
+        const std::string where = fmt::format("sharded {} micro-batches {} bucket {}", sharded, micro_batches, b);
+        const bool summed = micro_batches > 1;
+        if (!summed) {
+          EXPECT_EQ(reduced[b].scalar_type(), at::kBFloat16) << where;
+          EXPECT_TRUE(at::equal(reduced[b].to(at::kFloat), expected[b])) << where;
+        } else {
+          EXPECT_EQ(reduced[b].scalar_type(), at::kFloat) << where;
+          EXPECT_TRUE(sd::test::close_rel_max(reduced[b], expected[b], 1e-6)) << where;
+        }
+      }
+    }
+  }
 }
 
 TEST(GradientReducer, RejectsParametersWithoutGrad) {

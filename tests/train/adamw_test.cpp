@@ -39,6 +39,35 @@ TEST(AdamW, StateRoundTripContinuesIdentically) {
   EXPECT_TRUE(at::equal(a, b));
 }
 
+// A bf16 gradient is read exactly (the float32 path with the same values gives the same bits), and the bf16 copy
+// written in the same pass is what .to(bf16) makes of the new weights. Sizes cover several threads' chunks, the
+// eight-wide loop and its scalar tail.
+TEST(AdamW, Bf16GradientsAndTheRoundedCopyMatchTheFloat32Path) {
+  at::manual_seed(0);
+  for (const int64_t n : {int64_t{13}, int64_t{3 << 16} + 5}) {
+    at::Tensor a = at::randn({n}), b = a.clone();
+    at::Tensor copy = at::zeros({n}, at::kBFloat16);
+    AdamW via_float({}), via_bf16({});
+    for (int i = 0; i < 3; ++i) {
+      const at::Tensor g = at::randn({n}).to(at::kBFloat16);
+      via_float.step({a}, {g.to(at::kFloat)}, 1e-2, 0.5);
+      via_bf16.step({b}, {g}, 1e-2, 0.5, {copy});
+      ASSERT_TRUE(at::equal(a, b)) << n << " step " << i;
+      ASSERT_TRUE(at::equal(copy, a.to(at::kBFloat16))) << n << " step " << i;
+    }
+    EXPECT_TRUE(at::equal(via_float.exp_avg()[0], via_bf16.exp_avg()[0]));
+    EXPECT_TRUE(at::equal(via_float.exp_avg_sq()[0], via_bf16.exp_avg_sq()[0]));
+  }
+}
+
+TEST(AdamW, RefusesACopyThatIsNotBf16OfTheParametersSize) {
+  AdamW adam({});
+  const at::Tensor p = at::zeros({4}), g = at::ones({4});
+  EXPECT_THROW(adam.step({p}, {g}, 1e-3, 1.0, {at::zeros({4})}), Error);
+  EXPECT_THROW(adam.step({p}, {g}, 1e-3, 1.0, {at::zeros({3}, at::kBFloat16)}), Error);
+  EXPECT_THROW(adam.step({p}, {g.to(at::kDouble)}, 1e-3), Error);
+}
+
 TEST(AdamW, RefusesWhatTorchRefuses) {
   EXPECT_THROW(AdamW(AdamWOptions{1.0, 0.999, 1e-8, 0.01}), Error);
   EXPECT_THROW(AdamW(AdamWOptions{0.9, -0.1, 1e-8, 0.01}), Error);
