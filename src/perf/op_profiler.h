@@ -2,7 +2,7 @@
 // (forward and backward; model FLOPs, so attention's recomputation in backward is not counted), from
 // LibTorch's RecordFunction hooks on the thread that started the profiler:
 //   conv, linear, attention (bmm, baddbmm, softmax), norm, elementwise (everything else LibTorch runs),
-//   optimizer (AdamW and EMA), communication (waiting for collectives), data wait (waiting for the loader)
+//   optimizer (gradient norm, AdamW, EMA), communication (waiting for collectives), data wait (waiting for the loader)
 // An op's self time (its time minus the ops it called) goes to the class of the outermost op around it that is not
 // elementwise (a convolution's internal copies are the convolution's), or to sdtrain's own scope around it
 // (SD_PERF_SCOPE), else to its own class.

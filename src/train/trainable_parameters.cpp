@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "perf/op_profiler.h"
+#include "train/gradient_norm.h"
 
 namespace sd::train {
 
@@ -117,14 +118,14 @@ double TrainableParameters::reduce_gradients(int64_t micro_batches, std::optiona
     grads_ = reducer_->finish();
   }
   // One norm per parameter (piece), as torch's clip_grad_norm_ takes them: a float32 norm over a whole bucket of
-  // millions of elements would lose digits. Always in float32: bf16 gradients' norm rounded to bf16 would not do.
+  // millions of elements would lose digits.
   double sum_of_squares = 0;
-  for (size_t b = 0; b < grads_.size(); ++b)
-    for (const dist::OwnedPiece& piece : layout_->owned_pieces(b, rank_)) {
-      const at::Tensor g = grads_[b].narrow(0, piece.offset, piece.end - piece.begin);
-      const double norm = at::norm(g, 2, at::kFloat).item<double>();
-      sum_of_squares += norm * norm;
-    }
+  {
+    SD_PERF_SCOPE("sdtrain::optimizer");  // clip_grad_norm_'s pass over the gradients
+    for (size_t b = 0; b < grads_.size(); ++b)
+      for (const dist::OwnedPiece& piece : layout_->owned_pieces(b, rank_))
+        sum_of_squares += squared_l2_norm(grads_[b].narrow(0, piece.offset, piece.end - piece.begin));
+  }
   if (layout_->sharded() && comm_->world_size() > 1) {
     SD_PERF_SCOPE("sdtrain::communication");
     std::vector<at::Tensor> total{at::tensor(sum_of_squares, at::kDouble)};

@@ -1,0 +1,61 @@
+#include "train/gradient_norm.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "core/error.h"
+#include "core/parallel.h"
+
+namespace sd::train {
+namespace {
+
+__attribute__((target("avx2,fma"))) double sum_of_squares_avx2(const c10::BFloat16* x, int64_t begin, int64_t end) {
+  __m256d low = _mm256_setzero_pd(), high = _mm256_setzero_pd();
+  int64_t i = begin;
+  for (; i + 8 <= end; i += 8) {
+    const __m256i widened = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i)));
+    const __m256 v = _mm256_castsi256_ps(_mm256_slli_epi32(widened, 16));
+    const __m256d v_low = _mm256_cvtps_pd(_mm256_castps256_ps128(v)), v_high = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
+    low = _mm256_fmadd_pd(v_low, v_low, low);
+    high = _mm256_fmadd_pd(v_high, v_high, high);
+  }
+  alignas(32) double parts[4];
+  _mm256_store_pd(parts, _mm256_add_pd(low, high));
+  double sum = parts[0] + parts[1] + parts[2] + parts[3];
+  for (; i < end; ++i) sum += static_cast<double>(static_cast<float>(x[i])) * static_cast<float>(x[i]);
+  return sum;
+}
+
+double sum_of_squares(const c10::BFloat16* x, int64_t begin, int64_t end) {
+  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (avx2) return sum_of_squares_avx2(x, begin, end);
+  double sum = 0;
+  for (int64_t i = begin; i < end; ++i) sum += static_cast<double>(static_cast<float>(x[i])) * static_cast<float>(x[i]);
+  return sum;
+}
+
+}  // namespace
+
+double squared_l2_norm(const at::Tensor& gradient) {
+  if (gradient.scalar_type() != at::kBFloat16) {
+    const double norm = at::norm(gradient, 2).item<double>();
+    return norm * norm;
+  }
+  SD_CHECK(gradient.is_contiguous(), "squared_l2_norm: a bf16 gradient must be contiguous");
+  const c10::BFloat16* x = gradient.data_ptr<c10::BFloat16>();
+  // Per chunk of 2^16 values, then over the chunks in their order: the same sum whatever the threads.
+  constexpr int64_t kChunk = int64_t{1} << 16;
+  const int64_t chunks = (gradient.numel() + kChunk - 1) / kChunk;
+  std::vector<double> sums(chunks, 0.0);
+  sd::parallel_for(0, chunks, 1, [&](int64_t first, int64_t last) {
+    for (int64_t c = first; c < last; ++c)
+      sums[c] = sum_of_squares(x, c * kChunk, std::min(gradient.numel(), (c + 1) * kChunk));
+  });
+  double total = 0;
+  for (double s : sums) total += s;
+  return total;
+}
+
+}  // namespace sd::train
