@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "core/bf16_avx2.h"
 #include "core/error.h"
 #include "core/parallel.h"
 
@@ -39,10 +40,7 @@ float update_one(float& p, Grad g_raw, float& m, float& v, const AdamWCoefficien
 }
 
 __attribute__((target("avx2,fma"))) __m256 load8(const float* g) { return _mm256_loadu_ps(g); }
-__attribute__((target("avx2,fma"))) __m256 load8(const c10::BFloat16* g) {
-  const __m256i widened = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(widened, 16));
-}
+__attribute__((target("avx2,fma"))) __m256 load8(const c10::BFloat16* g) { return load8_bf16(g); }
 
 // Rounds to bf16 as c10::BFloat16(float) does: to nearest, ties to even; NaN becomes 0x7FC0.
 __attribute__((target("avx2,fma"))) void store8_rounded(c10::BFloat16* out, __m256 x) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "core/bf16_avx2.h"
 #include "core/error.h"
 #include "core/parallel.h"
 
@@ -15,8 +16,7 @@ __attribute__((target("avx2,fma"))) double sum_of_squares_avx2(const c10::BFloat
   __m256d low = _mm256_setzero_pd(), high = _mm256_setzero_pd();
   int64_t i = begin;
   for (; i + 8 <= end; i += 8) {
-    const __m256i widened = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i)));
-    const __m256 v = _mm256_castsi256_ps(_mm256_slli_epi32(widened, 16));
+    const __m256 v = load8_bf16(x + i);
     const __m256d v_low = _mm256_cvtps_pd(_mm256_castps256_ps128(v)),
                   v_high = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
     low = _mm256_fmadd_pd(v_low, v_low, low);
