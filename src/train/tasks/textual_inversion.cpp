@@ -3,10 +3,10 @@
 #include <torch/serialize.h>
 
 #include <fstream>
-#include <map>
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/progress.h"
 #include "data/listing_fingerprint.h"
 #include "data/random_streams.h"
 #include "data/textual_inversion_dataset.h"
@@ -76,7 +76,10 @@ class TextualInversionTask : public Task {
   fs::path export_final(const io::TensorMap& weights, const io::TensorMap& ema) override;
 
  private:
-  const models::DiagonalGaussian& posterior(int64_t image, bool flip);
+  void encode_every_image();
+  const models::DiagonalGaussian& posterior(int64_t image, bool flip) const {
+    return posteriors_[static_cast<size_t>(2 * image + (flip ? 1 : 0))];
+  }
   // learned_embeds<suffix>.safetensors, or .bin (a torch.save file) under --no_safe_serialization.
   fs::path embeddings_path(const std::string& suffix) const;
   void save_embeddings(const at::Tensor& rows, const fs::path& path) const;
@@ -92,8 +95,8 @@ class TextualInversionTask : public Task {
   std::unique_ptr<data::TextualInversionDataset> dataset_;
   std::unique_ptr<data::BatchPlanner> planner_;
   std::unique_ptr<TextualInversionStep> step_;
-  at::Tensor learned_;  // [num_vectors, D] float32
-  std::map<std::pair<int64_t, bool>, models::DiagonalGaussian> posteriors_;
+  at::Tensor learned_;                                // [num_vectors, D] float32
+  std::vector<models::DiagonalGaussian> posteriors_;  // by 2 x image + flip
 };
 
 TextualInversionTask::TextualInversionTask(const TextualInversionOptions& o, RunContext& context)
@@ -138,15 +141,21 @@ TextualInversionTask::TextualInversionTask(const TextualInversionOptions& o, Run
                                                  pipe_->scheduler_config.prediction_type, first_placeholder_,
                                                  o.num_vectors);
   pipe_->unet->set_memory_options(o.unet_memory);
+  encode_every_image();
 }
 
-const models::DiagonalGaussian& TextualInversionTask::posterior(int64_t image, bool flip) {
-  // The VAE is frozen and deterministic: each (image, flip) is encoded once and its posterior reused.
-  auto key = std::make_pair(image, flip);
-  auto it = posteriors_.find(key);
-  if (it == posteriors_.end())
-    it = posteriors_.emplace(key, step_->encode(dataset_->pixel_values(image, flip).unsqueeze(0))).first;
-  return it->second;
+// The VAE is frozen and deterministic, and an image reaches it in only two ways (flipped or not): each is encoded
+// once, before the first step, and its posterior reused by every step (diffusers encodes on every step, with the
+// same numbers). Up front rather than on first use, so that step times show what training costs from then on.
+void TextualInversionTask::encode_every_image() {
+  const int64_t images = dataset_->num_images();
+  ProgressBar bar("encoding images", 2 * images);
+  for (int64_t image = 0; image < images; ++image)
+    for (const bool flip : {false, true}) {
+      posteriors_.push_back(step_->encode(dataset_->pixel_values(image, flip).unsqueeze(0)));
+      bar.update(static_cast<int64_t>(posteriors_.size()));
+    }
+  bar.finish();
 }
 
 at::Tensor TextualInversionTask::micro_batch_loss(int64_t step, int64_t micro) {
