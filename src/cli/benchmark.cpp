@@ -65,6 +65,7 @@ struct BenchmarkOptions {
 struct Measurement {
   std::vector<double> step_seconds;  // measured steps only
   int64_t peak_rss = 0;
+  int64_t huge_pages = 0;  // resident in transparent huge pages at the end
   perf::OpProfile profile;
   perf::NetworkBytes network;   // over the measured steps, through this machine's interfaces
   int64_t flops_per_step = 0;   // this rank's share
@@ -91,6 +92,7 @@ class StepMeter {
  private:
   void finish() {
     m_.peak_rss = perf::peak_rss_bytes();
+    m_.huge_pages = perf::huge_page_bytes();
     const perf::NetworkBytes now = perf::network_bytes();
     m_.network = {now.sent - network_start_.sent, now.received - network_start_.received};
     if (profiler_) m_.profile = profiler_->profile();
@@ -286,6 +288,7 @@ int run_benchmark(BenchmarkOptions o) {
                {"gemm_peak_gflops", {{"bf16", bf16_peak}, {"float32", fp32_peak}}},
                {"mfu", gflops / compute_peak},
                {"peak_rss_gib", static_cast<double>(m.peak_rss) / (1 << 30)},
+               {"huge_pages_gib", static_cast<double>(m.huge_pages) / (1 << 30)},
                {"op_seconds", m.profile.seconds},
                {"op_gflops_per_s", op_rates(m.profile)},
                {"top_ops_seconds", top_ops(m.profile, 15)},

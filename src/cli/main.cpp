@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/huge_pages.h"
 #include "core/error.h"
 #include "io/atomic_file.h"
 
@@ -18,6 +19,9 @@ std::string first_line(const std::string& text) { return text.substr(0, text.fin
 }  // namespace
 
 int main(int argc, char** argv) {
+#ifdef SDTRAIN_TCMALLOC
+  sd::cli::use_transparent_huge_pages();
+#endif
   try {
     return sd::cli::run(argc, argv);
   } catch (const sd::Error& e) {

@@ -11,13 +11,22 @@ namespace sd::perf {
 
 void reset_peak_rss() { std::ofstream("/proc/self/clear_refs") << "5"; }
 
-int64_t peak_rss_bytes() {
-  std::ifstream status("/proc/self/status");
+namespace {
+
+// A "<key>   <n> kB" line of a /proc file, in bytes, or -1.
+int64_t proc_kib_field(const char* path, const std::string& key) {
+  std::ifstream file(path);
   std::string line;
-  while (std::getline(status, line))
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  while (std::getline(file, line))
+    if (line.rfind(key, 0) == 0) return std::stoll(line.substr(key.size())) * 1024;
   return -1;
 }
+
+}  // namespace
+
+int64_t peak_rss_bytes() { return proc_kib_field("/proc/self/status", "VmHWM:"); }
+
+int64_t huge_page_bytes() { return proc_kib_field("/proc/self/smaps_rollup", "AnonHugePages:"); }
 
 NetworkBytes network_bytes() {
   // After two header lines, one line per interface: "  eth1: rx_bytes rx_packets ... (8 fields) tx_bytes ...".

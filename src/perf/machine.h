@@ -11,6 +11,8 @@ namespace sd::perf {
 void reset_peak_rss();
 // The kernel's high-water mark of this process's resident memory (VmHWM), or -1 if unknown.
 int64_t peak_rss_bytes();
+// This process's anonymous memory backed by transparent huge pages (AnonHugePages), or -1 if unknown.
+int64_t huge_page_bytes();
 
 // Bytes this machine's network interfaces (all but loopback, in this process's network namespace) have sent and
 // received since they came up, from /proc/net/dev: the difference over a stretch of training is its traffic.

@@ -1,6 +1,7 @@
 // `sdtrain benchmark` on tiny-sd1: every task prints one JSON line per rank with the measured numbers, whose
 // FLOPs come from the analytic count; the parameter summary line; and the errors for bad input.
 #include <algorithm>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -39,6 +40,13 @@ int64_t tiny_forward_flops(int64_t batch) {
       models::UNetConfig::load((sd::test::fixtures() / "tiny-sd1" / "unet" / "config.json").string()), batch, 8, 8);
 }
 
+// Whether this kernel gives a process transparent huge pages that it asks for (THP mode "always" or "madvise").
+bool kernel_offers_huge_pages() {
+  std::ifstream mode("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string line;
+  return std::getline(mode, line) && line.find("[never]") == std::string::npos;
+}
+
 // stdout carries only the JSON line, so that `sdtrain benchmark ... | jq` works; the rest goes to stderr.
 TEST(BenchmarkE2E, UNetTrainingReportsStepsFlopsMfuMemoryAndOpClasses) {
   std::vector<std::string> stdout_only = {"/bin/sh", "-c", "exec \"$@\" 2>/dev/null", "sh"};
@@ -57,6 +65,10 @@ TEST(BenchmarkE2E, UNetTrainingReportsStepsFlopsMfuMemoryAndOpClasses) {
   EXPECT_GT(j["mfu"].get<double>(), 0);
   EXPECT_LT(j["mfu"].get<double>(), 1.5);
   EXPECT_GT(j["peak_rss_gib"].get<double>(), 0);
+  // tcmalloc's memory comes in huge pages (src/cli/huge_pages.h), whose 4 KiB faults cost seconds per GiB here.
+  if (kernel_offers_huge_pages()) {
+    EXPECT_GT(j["huge_pages_gib"].get<double>(), 0);
+  }
   EXPECT_GT(j["gemm_peak_gflops"]["float32"].get<double>(), 0);
   for (const char* op : {"conv", "linear", "attention", "norm", "optimizer"})
     EXPECT_GT(j["op_seconds"][op].get<double>(), 0) << op;
