@@ -21,6 +21,11 @@ at::Tensor clip_layer_norm(const at::Tensor& x, const nn::LayerNorm& norm) {
       .to(dtype);
 }
 
+// A projection in its weight's dtype. The layers of a mixed-precision copy (ClipTextModelImpl::with_linears_in) hold
+// bf16 weights while the residual stream stays float32: their input is rounded to bf16 and their output is bf16, as
+// under torch.autocast, where adding it back into the stream promotes to float32.
+at::Tensor project(Linear& layer, const at::Tensor& x) { return layer->forward(x.to(layer->weight.scalar_type())); }
+
 ClipAttentionImpl::ClipAttentionImpl(const ClipTextConfig& c)
     : heads_(c.num_attention_heads),
       head_dim_(c.head_dim()),
@@ -39,16 +44,16 @@ at::Tensor ClipAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cau
   auto heads = [&](const at::Tensor& t) {  // [B, S, D] -> [B*H, S, hd]
     return t.view({b, s, heads_, head_dim_}).transpose(1, 2).contiguous().view({b * heads_, s, head_dim_});
   };
-  const at::Tensor q = heads(q_proj->forward(x) * scale_);
-  const at::Tensor k = heads(k_proj->forward(x));
-  const at::Tensor v = heads(v_proj->forward(x));
+  const at::Tensor q = heads(project(q_proj, x) * scale_);
+  const at::Tensor k = heads(project(k_proj, x));
+  const at::Tensor v = heads(project(v_proj, x));
   at::Tensor weights = at::bmm(q, k.transpose(1, 2));  // [B*H, S, S]
   weights = (weights.view({b, heads_, s, s}) + causal_mask).view({b * heads_, s, s});
-  weights = at::softmax(weights, -1);
+  weights = at::softmax(weights, -1);  // in the mask's (the stream's) dtype
   if (dropout_ > 0 && is_training()) weights = at::dropout(weights, dropout_, /*train=*/true);
-  at::Tensor out = at::bmm(weights, v);  // [B*H, S, hd]
+  at::Tensor out = at::bmm(weights.to(v.scalar_type()), v);  // [B*H, S, hd]
   out = out.view({b, heads_, s, head_dim_}).transpose(1, 2).reshape({b, s, d});
-  return out_proj->forward(out);
+  return project(out_proj, out);
 }
 
 ClipMlpImpl::ClipMlpImpl(const ClipTextConfig& c) : act_(c.hidden_act) {
@@ -57,7 +62,7 @@ ClipMlpImpl::ClipMlpImpl(const ClipTextConfig& c) : act_(c.hidden_act) {
 }
 
 at::Tensor ClipMlpImpl::forward(const at::Tensor& x) {
-  at::Tensor h = fc1->forward(x);
+  at::Tensor h = project(fc1, x);
   if (act_ == "quick_gelu") {
     h = h * at::sigmoid(h * 1.702);
   } else if (act_ == "gelu") {
@@ -69,7 +74,7 @@ at::Tensor ClipMlpImpl::forward(const at::Tensor& x) {
   } else {
     h = at::silu(h);
   }
-  return fc2->forward(h);
+  return project(fc2, h);
 }
 
 ClipEncoderLayerImpl::ClipEncoderLayerImpl(const ClipTextConfig& c) {
@@ -149,6 +154,25 @@ ClipTextOutput ClipTextModelImpl::forward(const at::Tensor& input_ids, const at:
 
 at::Tensor ClipTextModelImpl::apply_final_layer_norm(const at::Tensor& hidden) {
   return clip_layer_norm(hidden, text_model->final_layer_norm);
+}
+
+ClipTextModel ClipTextModelImpl::with_linears_in(at::ScalarType dtype) {
+  ClipTextModel copy = [&] {
+    ScopedDefaultDtype built_in(parameters().front().scalar_type());
+    return ClipTextModel(config_);
+  }();
+  torch::NoGradGuard no_grad;
+  const auto sources = modules(), targets = copy->modules();  // the same architecture, visited in the same order
+  for (size_t m = 0; m < sources.size(); ++m) {
+    const bool is_linear = dynamic_cast<const LinearImpl*>(targets[m].get()) != nullptr;
+    const auto from = sources[m]->named_parameters(/*recurse=*/false);
+    for (auto& to : targets[m]->named_parameters(/*recurse=*/false)) {
+      const at::Tensor& source = from[to.key()];
+      to.value().set_data(is_linear ? source.to(dtype) : source);  // .to(same dtype) shares the storage
+    }
+  }
+  copy->train(is_training());
+  return copy;
 }
 
 void ClipTextModelImpl::resize_token_embeddings(int64_t n) {

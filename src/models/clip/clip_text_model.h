@@ -94,6 +94,8 @@ struct ClipTextOutput {
   std::vector<at::Tensor> hidden_states;  // L+1 tensors [B, S, D]: embeddings, then each layer's output
 };
 
+class ClipTextModel;
+
 class ClipTextModelImpl : public torch::nn::Module {
  public:
   explicit ClipTextModelImpl(const ClipTextConfig& config);
@@ -111,6 +113,12 @@ class ClipTextModelImpl : public torch::nn::Module {
   // token_embedding.weight[dst] = token_embedding.weight[src] (textual inversion's initializer token).
   void copy_token_embedding_row(int64_t src, int64_t dst);
   torch::nn::Embedding& token_embedding() { return text_model->embeddings->token_embedding; }
+
+  // A copy whose linear layers hold their weights in `dtype` (bfloat16), sharing every other tensor (embeddings,
+  // layer norms) with this model: the projections and attention matmuls then run in bf16 while the residual stream,
+  // layer norms and softmax stay float32 - what diffusers' textual_inversion.py gets from accelerate's autocast under
+  // --mixed_precision bf16. Later changes to the shared tensors (e.g. resizing the token table) are not seen.
+  ClipTextModel with_linears_in(at::ScalarType dtype);
 
   const ClipTextConfig& config() const { return config_; }
 

@@ -137,7 +137,11 @@ TextualInversionTask::TextualInversionTask(const TextualInversionOptions& o, Run
       std::make_unique<data::BatchPlanner>(dataset_->size(), context_.layout, context_.comm->rank(), context_.seed);
 
   schedulers::DDPMScheduler ddpm(pipe_->scheduler_config);
-  step_ = std::make_unique<TextualInversionStep>(pipe_->text_encoder, pipe_->vae, pipe_->unet, ddpm.alphas_cumprod(),
+  // Under bf16 the step's text encoder runs its matmuls in bf16 (as the reference's autocast does); the pipeline's
+  // float32 one stays for validation and for the saved pipeline.
+  models::ClipTextModel step_text_encoder =
+      frozen == at::kFloat ? pipe_->text_encoder : pipe_->text_encoder->with_linears_in(frozen);
+  step_ = std::make_unique<TextualInversionStep>(step_text_encoder, pipe_->vae, pipe_->unet, ddpm.alphas_cumprod(),
                                                  pipe_->scheduler_config.prediction_type, first_placeholder_,
                                                  o.num_vectors);
   pipe_->unet->set_memory_options(o.unet_memory);

@@ -97,6 +97,46 @@ TEST(ClipTextModel, Bf16WeightsRunAndStayClose) {
                             golden.at("grad_final_layer_norm.weight"), 5e-2));
 }
 
+// diffusers' textual_inversion.py under --mixed_precision bf16: accelerate's autocast runs the linear layers and the
+// attention matmuls in bf16, the residual stream, layer norms and softmax in float32.
+TEST(ClipTextModel, Bf16LinearsCopyKeepsTheStreamFloat32) {
+  const auto golden = io::load_safetensors(sd::test::golden("tiny-sd1/text_encoder.safetensors"));
+  ClipTextModel model = load_text_encoder(encoder_dir("tiny-sd1"));
+  ClipTextModel mixed = model->with_linears_in(at::kBFloat16);
+  const auto sources = model->named_parameters();
+  int64_t linear_weights = 0;
+  for (const auto& p : mixed->named_parameters()) {
+    const at::Tensor& source = sources[p.key()];
+    EXPECT_EQ(source.scalar_type(), at::kFloat) << p.key() << ": the source model is left as it was";
+    const bool in_linear = p.key().find("_proj.") != std::string::npos || p.key().find(".fc") != std::string::npos;
+    if (in_linear) {
+      ++linear_weights;
+      EXPECT_EQ(p.value().scalar_type(), at::kBFloat16) << p.key();
+      EXPECT_TRUE(at::equal(p.value(), source.to(at::kBFloat16))) << p.key();
+    } else {
+      EXPECT_EQ(p.value().data_ptr(), source.data_ptr()) << p.key() << " is shared, not copied";
+    }
+  }
+  EXPECT_EQ(linear_weights, 2 * 6 * model->config().num_hidden_layers);  // q, k, v, out, fc1, fc2: weight and bias
+
+  const at::Tensor ids = golden.at("input.input_ids");
+  const at::Tensor embeds = model->token_embedding()->forward(ids).detach().requires_grad_(true);
+  ClipTextOutput out = mixed->forward(ids, embeds);
+  for (const auto& h : out.hidden_states) EXPECT_EQ(h.scalar_type(), at::kFloat);
+  EXPECT_EQ(out.last_hidden_state.scalar_type(), at::kFloat);
+  const double err = ratio(out.last_hidden_state, golden.at("last_hidden_state"));
+  EXPECT_GT(err, 0) << "the matmuls ran in bf16";
+  EXPECT_TRUE(close_rel_max(out.last_hidden_state, golden.at("last_hidden_state"), 2e-2));
+  std::printf("[ bf16 linears ] last_hidden_state max|err|/max|ref| %.3g\n", err);
+
+  // The gradient reaches the float32 token embeddings textual inversion trains.
+  (out.last_hidden_state * golden.at("input.loss_weights")).sum().backward();
+  const at::Tensor row_ids = golden.at("grad_token_embedding_row_ids");
+  const at::Tensor rows =
+      at::zeros_like(model->token_embedding()->weight).index_add_(0, ids.flatten(), embeds.grad().flatten(0, 1));
+  EXPECT_TRUE(close_rel_max(rows.index_select(0, row_ids), golden.at("grad_token_embedding_rows"), 5e-2));
+}
+
 TEST(ClipTextModel, Float64MatchesGolden) {
   const auto golden = io::load_safetensors(sd::test::golden("tiny-sd2/text_encoder.safetensors"));
   ClipTextModel model = load_text_encoder(encoder_dir("tiny-sd2"), at::kDouble);
