@@ -1,5 +1,7 @@
 #include "models/conv2d.h"
 
+#include <torch/autograd.h>
+
 namespace sd::models {
 
 namespace {
@@ -17,11 +19,34 @@ int64_t output_size(int64_t in, int64_t kernel, int64_t stride, int64_t padding)
   return (in + 2 * padding - kernel) / stride + 1;
 }
 
+// bias + w·x with w and bias frozen: the backward computes only x's gradient, as wᵀ·dY from the contiguous wᵀ.
+struct FrozenGemm : torch::autograd::Function<FrozenGemm> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
+                            const at::Tensor& bias, const at::Tensor& w_t) {
+    ctx->saved_data["w_t"] = w_t;
+    return bias.defined() ? at::addmm(bias.unsqueeze(1), w, x) : at::mm(w, x);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 const torch::autograd::variable_list& grads) {
+    return {at::mm(ctx->saved_data["w_t"].toTensor(), grads[0]), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace
+
+const at::Tensor& FrozenWeightTranspose::of(const at::Tensor& weight) {
+  if (!transposed_.defined() || source_ != weight.data_ptr() || source_version_ != weight._version()) {
+    torch::NoGradGuard no_grad;
+    transposed_ = weight.reshape({weight.size(0), -1}).t().contiguous();
+    source_ = weight.data_ptr();
+    source_version_ = weight._version();
+  }
+  return transposed_;
+}
 
 // One GEMM: [Cout, Cin·kh·kw] x [Cin·kh·kw, N·H'·W'].
 at::Tensor conv2d_as_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, at::IntArrayRef stride,
-                          at::IntArrayRef padding) {
+                          at::IntArrayRef padding, const at::Tensor& weight_t) {
   const int64_t n = x.size(0), cout = weight.size(0), kh = weight.size(2), kw = weight.size(3);
   const int64_t oh = output_size(x.size(2), kh, stride[0], padding[0]),
                 ow = output_size(x.size(3), kw, stride[1], padding[1]);
@@ -30,7 +55,9 @@ at::Tensor conv2d_as_gemm(const at::Tensor& x, const at::Tensor& weight, const a
       pointwise ? x.flatten(2) : at::im2col(x, {kh, kw}, /*dilation=*/{1, 1}, padding, stride);
   const at::Tensor flat = columns.transpose(0, 1).reshape({columns.size(1), n * oh * ow});  // a copy only if N > 1
   const at::Tensor w = weight.reshape({cout, -1});
-  const at::Tensor out = bias.defined() ? at::addmm(bias.unsqueeze(1), w, flat) : at::mm(w, flat);  // [Cout, N·H'·W']
+  const at::Tensor out = weight_t.defined() ? FrozenGemm::apply(flat, w, bias, weight_t)
+                         : bias.defined()   ? at::addmm(bias.unsqueeze(1), w, flat)
+                                            : at::mm(w, flat);  // [Cout, N·H'·W']
   return out.view({cout, n, oh, ow}).transpose(0, 1).contiguous();
 }
 
@@ -47,8 +74,12 @@ bool conv2d_runs_as_gemm(const at::Tensor& x, const at::Tensor& weight, at::IntA
 }
 
 at::Tensor conv2d(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, at::IntArrayRef stride,
-                  at::IntArrayRef padding) {
-  if (conv2d_runs_as_gemm(x, weight, stride, padding)) return conv2d_as_gemm(x, weight, bias, stride, padding);
+                  at::IntArrayRef padding, FrozenWeightTranspose* frozen) {
+  if (conv2d_runs_as_gemm(x, weight, stride, padding)) {
+    const bool only_input_gradient = frozen && at::GradMode::is_enabled() && x.requires_grad() &&
+                                     !weight.requires_grad() && !(bias.defined() && bias.requires_grad());
+    return conv2d_as_gemm(x, weight, bias, stride, padding, only_input_gradient ? frozen->of(weight) : at::Tensor());
+  }
   return at::conv2d(x, weight, bias, stride, padding, /*dilation=*/{1, 1});
 }
 

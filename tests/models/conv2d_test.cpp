@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "model_test_util.h"
+#include "models/lora.h"
 
 namespace sd::models {
 namespace {
@@ -87,6 +88,46 @@ TEST(Conv2d, SmallMapsTakeTheGemmPathAndEverythingElseLibTorchs) {
   // In bf16 both paths round their products to bf16 and accumulate in float32, in different orders.
   EXPECT_TRUE(sd::test::close_rel_max(conv2d(bf16(x), bf16(w), bf16(b), one, one).to(at::kFloat),
                                       at::conv2d(bf16(x), bf16(w), bf16(b), one, one).to(at::kFloat), 2e-2));
+}
+
+// Training through a frozen layer (textual inversion, LoRA): the input gradient comes from the weight's kept
+// transpose, equal to LibTorch's; the transpose is remade when the weight changes and never made for a trained one.
+TEST(Conv2d, FrozenLayerTakesTheInputGradientFromItsKeptTranspose) {
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    Conv2d conv(torch::nn::Conv2dOptions(6, 5, 3).padding(1));
+    conv->to(dtype);
+    for (auto& p : conv->parameters()) p.set_requires_grad(false);
+    const at::Tensor x0 = at::randn({2, 6, 4, 4}).to(dtype), grad = at::randn({2, 5, 4, 4}).to(dtype);
+    const double tol = dtype == at::kFloat ? 1e-5 : 2e-2;  // bf16: products rounded, sums in another order
+    ASSERT_TRUE(conv2d_runs_as_gemm(x0, conv->weight, {1, 1}, {1, 1}));
+    auto input_gradient = [&] {
+      const at::Tensor x = x0.detach().requires_grad_(true);
+      const at::Tensor out = conv->forward(x);
+      EXPECT_TRUE(sd::test::close_rel_max(out, at::conv2d(x0, conv->weight, conv->bias, 1, 1), tol));
+      out.backward(grad);
+      return x.grad();
+    };
+    auto reference_gradient = [&] {
+      const at::Tensor x = x0.detach().requires_grad_(true);
+      at::conv2d(x, conv->weight, conv->bias, 1, 1).backward(grad);
+      return x.grad();
+    };
+    EXPECT_EQ(conv->frozen_transpose_bytes(), 0);
+    EXPECT_TRUE(sd::test::close_rel_max(input_gradient(), reference_gradient(), tol));
+    EXPECT_EQ(conv->frozen_transpose_bytes(), conv->weight.nbytes());
+    {
+      torch::NoGradGuard no_grad;
+      conv->weight.mul_(-2);  // e.g. a LoRA merged into the weight
+    }
+    EXPECT_TRUE(sd::test::close_rel_max(input_gradient(), reference_gradient(), tol));
+
+    Conv2d trained(torch::nn::Conv2dOptions(6, 5, 3).padding(1));
+    trained->to(dtype);
+    trained->forward(x0.detach().requires_grad_(true)).sum().backward();
+    EXPECT_EQ(trained->frozen_transpose_bytes(), 0);
+    EXPECT_TRUE(trained->weight.grad().defined());
+  }
 }
 
 }  // namespace
