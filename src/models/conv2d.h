@@ -21,7 +21,7 @@ class FrozenWeightTranspose {
 
  private:
   at::Tensor transposed_;
-  const void* source_ = nullptr;
+  c10::Storage source_;  // held, so that a new weight cannot reuse its address and pass for it
   int64_t source_version_ = 0;
 };
 

@@ -121,6 +121,8 @@ TEST(Conv2d, FrozenLayerTakesTheInputGradientFromItsKeptTranspose) {
       conv->weight.mul_(-2);  // e.g. a LoRA merged into the weight
     }
     EXPECT_TRUE(sd::test::close_rel_max(input_gradient(), reference_gradient(), tol));
+    conv->weight.set_data(at::randn_like(conv->weight));  // e.g. weights loaded anew
+    EXPECT_TRUE(sd::test::close_rel_max(input_gradient(), reference_gradient(), tol));
 
     Conv2d trained(torch::nn::Conv2dOptions(6, 5, 3).padding(1));
     trained->to(dtype);
