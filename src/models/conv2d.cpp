@@ -37,7 +37,7 @@ struct FrozenGemm : torch::autograd::Function<FrozenGemm> {
 const at::Tensor& FrozenWeightTranspose::of(const at::Tensor& weight) {
   if (!transposed_.defined() || !weight.storage().is_alias_of(source_) || source_version_ != weight._version() ||
       transposed_.scalar_type() != weight.scalar_type()) {
-    torch::NoGradGuard no_grad;
+    at::NoGradGuard no_grad;
     transposed_ = weight.reshape({weight.size(0), -1}).t().contiguous();
     source_ = weight.storage();
     source_version_ = weight._version();
