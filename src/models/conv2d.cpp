@@ -19,12 +19,17 @@ int64_t output_size(int64_t in, int64_t kernel, int64_t stride, int64_t padding)
   return (in + 2 * padding - kernel) / stride + 1;
 }
 
-// bias + w·x with w and bias frozen: the backward computes only x's gradient, as wᵀ·dY from the contiguous wᵀ.
+// w·x + bias (bias [rows] or undefined).
+at::Tensor affine(const at::Tensor& w, const at::Tensor& x, const at::Tensor& bias) {
+  return bias.defined() ? at::addmm(bias.unsqueeze(1), w, x) : at::mm(w, x);
+}
+
+// affine() with w and bias frozen: the backward computes only x's gradient, as wᵀ·dY from the contiguous wᵀ.
 struct FrozenGemm : torch::autograd::Function<FrozenGemm> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
                             const at::Tensor& bias, const at::Tensor& w_t) {
     ctx->saved_data["w_t"] = w_t;
-    return bias.defined() ? at::addmm(bias.unsqueeze(1), w, x) : at::mm(w, x);
+    return affine(w, x, bias);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  const torch::autograd::variable_list& grads) {
@@ -35,8 +40,7 @@ struct FrozenGemm : torch::autograd::Function<FrozenGemm> {
 }  // namespace
 
 const at::Tensor& FrozenWeightTranspose::of(const at::Tensor& weight) {
-  if (!transposed_.defined() || !weight.storage().is_alias_of(source_) || source_version_ != weight._version() ||
-      transposed_.scalar_type() != weight.scalar_type()) {
+  if (!transposed_.defined() || !weight.storage().is_alias_of(source_) || source_version_ != weight._version()) {
     at::NoGradGuard no_grad;
     transposed_ = weight.reshape({weight.size(0), -1}).t().contiguous();
     source_ = weight.storage();
@@ -56,9 +60,8 @@ at::Tensor conv2d_as_gemm(const at::Tensor& x, const at::Tensor& weight, const a
       pointwise ? x.flatten(2) : at::im2col(x, {kh, kw}, /*dilation=*/{1, 1}, padding, stride);
   const at::Tensor flat = columns.transpose(0, 1).reshape({columns.size(1), n * oh * ow});  // a copy only if N > 1
   const at::Tensor w = weight.reshape({cout, -1});
-  const at::Tensor out = weight_t.defined() ? FrozenGemm::apply(flat, w, bias, weight_t)
-                         : bias.defined()   ? at::addmm(bias.unsqueeze(1), w, flat)
-                                            : at::mm(w, flat);  // [Cout, N·H'·W']
+  const at::Tensor out =  // [Cout, N·H'·W']
+      weight_t.defined() ? FrozenGemm::apply(flat, w, bias, weight_t) : affine(w, flat, bias);
   return out.view({cout, n, oh, ow}).transpose(0, 1).contiguous();
 }
 
