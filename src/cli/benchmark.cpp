@@ -59,6 +59,7 @@ struct BenchmarkOptions {
   bool profile = true;
   std::optional<int> threads;
   double dist_timeout_s = 600;
+  std::string dist_transport = "auto";
 };
 
 // What the measured steps give; everything per rank unless said otherwise.
@@ -128,6 +129,7 @@ train::TrainerOptions trainer_options(const BenchmarkOptions& o, StepMeter& mete
   t.seed = 0;
   t.threads = o.threads;
   t.dist_timeout_s = o.dist_timeout_s;
+  t.dist_transport = o.dist_transport;
   t.lr_warmup_steps = 0;
   t.measure_only = true;
   t.before_each_step = [&meter](int64_t step) { meter.before(step); };
@@ -351,6 +353,7 @@ void add_benchmark(CLI::App& app, std::function<int()>& chosen) {
   flag(cmd, "--threads", o->threads, "Intra-op threads per rank (default: cores / ranks on this node)")
       ->check(in_range(1, 1024));
   flag(cmd, "--dist_timeout", o->dist_timeout_s, "Seconds before a lost or hung peer ends the run");
+  dist_transport_flag(cmd, o->dist_transport);
   cmd->callback([o, &chosen] { chosen = [o] { return run_benchmark(*o); }; });
 }
 

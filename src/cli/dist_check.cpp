@@ -26,6 +26,7 @@ namespace {
 struct DistCheckOptions {
   double dist_timeout = 300;
   std::string dist_iface;
+  std::string dist_transport = "auto";
   int threads = 0;
   double size_mb = 1;
   // Test-only fault injection.
@@ -43,6 +44,7 @@ int run_dist_check(const DistCheckOptions& o) {
   dist::CommOptions copts;
   copts.timeout = dist::timeout_from_seconds(o.dist_timeout, "--dist_timeout");
   copts.iface = o.dist_iface;
+  copts.transport = o.dist_transport;
   const int threads = dist::threads_for_rank(o.threads > 0 ? std::optional<int>(o.threads) : std::nullopt, env);
   set_compute_threads(threads);
   SD_CHECK(o.size_mb > 0 && o.size_mb <= 4096, "--size_mb must be in (0, 4096], got {}", o.size_mb);
@@ -55,15 +57,29 @@ int run_dist_check(const DistCheckOptions& o) {
   double rendezvous_s = seconds_since(t0);
 
   // Sum of arange(n) * (rank + 1) over ranks is arange(n) * W(W+1)/2: exact in float32 for these sizes.
-  const int64_t n = std::max<int64_t>(1, static_cast<int64_t>(o.size_mb * (1 << 20) / 4));
   const int64_t w = env.world_size;
-  at::Tensor x = at::arange(n, at::kFloat).remainder_(4096) * static_cast<float>(env.rank + 1);
-  at::Tensor expected = at::arange(n, at::kFloat).remainder_(4096) * static_cast<float>(w * (w + 1) / 2);
+  const int64_t n = std::max<int64_t>(1, static_cast<int64_t>(o.size_mb * (1 << 20) / 4 / w)) * w;
+  const at::Tensor pattern = at::arange(n, at::kFloat).remainder_(4096);
+  const at::Tensor expected = pattern * static_cast<float>(w * (w + 1) / 2);
+  at::Tensor x = pattern * static_cast<float>(env.rank + 1);
   std::vector<at::Tensor> list{x};
   auto t1 = Clock::now();
   comm->allreduce_sum(list);
   double allreduce_s = seconds_since(t1);
   bool allreduce_ok = at::equal(x, expected);
+
+  // The sharded optimizer's collectives: each rank's chunk of the sum, then every rank's chunk everywhere.
+  const int64_t chunk = n / w;
+  at::Tensor ring = pattern * static_cast<float>(env.rank + 1);
+  t1 = Clock::now();
+  comm->reduce_scatter_sum_async(ring)->wait();
+  double reduce_scatter_s = seconds_since(t1);
+  bool reduce_scatter_ok =
+      at::equal(ring.narrow(0, env.rank * chunk, chunk), expected.narrow(0, env.rank * chunk, chunk));
+  t1 = Clock::now();
+  comm->all_gather_async(ring)->wait();
+  double ring_all_gather_s = seconds_since(t1);
+  bool ring_all_gather_ok = at::equal(ring, expected);
 
   if (faulty && o.die_after_ms >= 0) {
     std::this_thread::sleep_for(std::chrono::milliseconds(o.die_after_ms));
@@ -103,13 +119,18 @@ int run_dist_check(const DistCheckOptions& o) {
                          {"master", fmt::format("{}:{}", env.master_addr, env.master_port)},
                          {"host", host},
                          {"backend", comm->backend_name()},
+                         {"ring_transport", comm->ring_transport()},
                          {"threads", threads},
                          {"allreduce_ok", allreduce_ok},
                          {"broadcast_ok", broadcast_ok},
                          {"all_gather_ok", gather_ok},
                          {"rendezvous_s", rendezvous_s},
                          {"allreduce_mb", n * 4.0 / (1 << 20)},
-                         {"allreduce_s", allreduce_s}};
+                         {"allreduce_s", allreduce_s},
+                         {"reduce_scatter_ok", reduce_scatter_ok},
+                         {"reduce_scatter_s", reduce_scatter_s},
+                         {"ring_all_gather_ok", ring_all_gather_ok},
+                         {"ring_all_gather_s", ring_all_gather_s}};
   if (o.wait_for_stop) {
     line["stopped"] = stopped;
     line["steps"] = steps;
@@ -118,9 +139,10 @@ int run_dist_check(const DistCheckOptions& o) {
   }
   std::printf("%s\n", line.dump().c_str());
   std::fflush(stdout);
-  SD_CHECK(allreduce_ok && broadcast_ok && gather_ok,
-           "dist-check: rank {} got wrong collective results (allreduce {}, broadcast {}, all_gather {})", env.rank,
-           allreduce_ok, broadcast_ok, gather_ok);
+  SD_CHECK(allreduce_ok && reduce_scatter_ok && ring_all_gather_ok && broadcast_ok && gather_ok,
+           "dist-check: rank {} got wrong collective results (allreduce {}, reduce-scatter {}, ring all-gather {}, "
+           "broadcast {}, all_gather {})",
+           env.rank, allreduce_ok, reduce_scatter_ok, ring_all_gather_ok, broadcast_ok, gather_ok);
   return 0;
 }
 
@@ -139,10 +161,11 @@ void add_dist_check(CLI::App& app, std::function<int()>& chosen) {
                   "Network interface(s) for collectives, comma-separated (default: GLOO_SOCKET_IFNAME, else the "
                   "interface that reaches MASTER_ADDR)")
       ->capture_default_str();
+  dist_transport_flag(cmd, o->dist_transport)->capture_default_str();
   cmd->add_option("--threads", o->threads, "Intra-op threads (0: cores of this process / ranks on this machine)")
       ->check(in_range(0, 1024))
       ->capture_default_str();
-  cmd->add_option("--size_mb,--size-mb", o->size_mb, "Size of the allreduce tensor in MiB")->capture_default_str();
+  cmd->add_option("--size_mb,--size-mb", o->size_mb, "Size of each collective's tensor in MiB")->capture_default_str();
   const char* test_group = "Test-only (fault injection; do not use for real checks)";
   cmd->add_option("--fault_rank", o->fault_rank, "Rank the fault flags apply to (-1: the last rank)")
       ->capture_default_str()

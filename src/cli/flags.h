@@ -37,6 +37,9 @@ CLI::Validator at_least(int64_t lo);
 // A number (not necessarily whole) > 0.
 CLI::Validator positive_number();
 
+// --dist_transport, shared by every command that starts ranks (dist::CommOptions::transport).
+CLI::Option* dist_transport_flag(CLI::App* app, std::string& value);
+
 // A flag kept only so command lines written for the Python scripts still parse; using it prints `note` once.
 CLI::Option* accepted_python_flag(CLI::App* app, const std::string& name, bool takes_value, const std::string& note);
 

@@ -101,6 +101,7 @@ void add_trainer_flags(CLI::App* cmd, train::TrainerOptions& o) {
       ->group(run);
   flag(cmd, "--dist_timeout", o.dist_timeout_s, "Seconds before a lost or hung peer ends the run")->group(run);
   flag(cmd, "--dist_iface", o.dist_iface, "Network interface for collectives (else GLOO_SOCKET_IFNAME)")->group(run);
+  dist_transport_flag(cmd, o.dist_transport)->group(run);
 }
 
 void add_unet_memory_flags(CLI::App* cmd, models::UNetMemoryOptions& o, const std::string& group) {

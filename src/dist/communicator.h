@@ -21,6 +21,9 @@ struct CommOptions {
   std::string iface;
   // Process-group backend; "gloo" on CPU. A CUDA build adds "nccl" in make_process_group (one case).
   std::string backend = "gloo";
+  // The ring collectives' (reduce-scatter, all-gather) messages: "auto" sends them through shared memory when every
+  // rank runs on this machine, else over the backend's network transport; "tcp" always over the network.
+  std::string transport = "auto";
 };
 
 // A collective issued without waiting (gradient buckets during backward). wait() throws sd::Error naming the
@@ -59,6 +62,8 @@ class Communicator {
   // length), e.g. all_gather({stop_requested}) to agree on stopping.
   virtual std::vector<int64_t> all_gather(const std::vector<int64_t>& values) = 0;
   virtual std::string backend_name() const = 0;
+  // What the ring collectives travel over: "shared memory", "tcp", or "none" in a world of one.
+  virtual std::string ring_transport() const = 0;
 };
 
 // World of one: collectives are identities. For single-process runs and tests.
@@ -74,6 +79,7 @@ class LocalCommunicator : public Communicator {
   void barrier() override {}
   std::vector<int64_t> all_gather(const std::vector<int64_t>& values) override { return values; }
   std::string backend_name() const override { return "local"; }
+  std::string ring_transport() const override { return "none"; }
 };
 
 // Local when env.world_size == 1, else the c10d process group of opts.backend (rendezvous through a TCPStore

@@ -20,8 +20,10 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <exception>
+#include <fstream>
 #include <functional>
 #include <future>
 #include <mutex>
@@ -31,6 +33,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "dist/communicator.h"
+#include "dist/shared_memory_ring.h"
 #include "dist/store_listen.h"
 
 namespace sd::dist {
@@ -188,6 +191,9 @@ std::string join_key(int r) { return "sdtrain/join/" + std::to_string(r); }
 std::string heartbeat_key(int r) { return "sdtrain/hb/" + std::to_string(r); }
 std::string exit_key(int r) { return "sdtrain/exit/" + std::to_string(r); }
 std::string arm_key(int r, const char* client) { return fmt::format("sdtrain/arm/{}/{}", r, client); }
+std::string machine_key(int r) { return "sdtrain/machine/" + std::to_string(r); }
+std::string shm_opened_key(int r) { return "sdtrain/shm/opened/" + std::to_string(r); }
+const char* const kShmNameKey = "sdtrain/shm/name";
 const char* const kFaultKey = "sdtrain/fault";
 const char* const kShutdownKey = "sdtrain/shutdown";
 const char* const kJoinCountKey = "sdtrain/join_count";
@@ -241,6 +247,25 @@ class PendingRing : public PendingCollective {
   std::future<void> done_;
 };
 
+// What ranks must share to exchange messages through shared memory: the running kernel (boot id), the mount
+// namespace (one /dev/shm), the pid namespace (a peer's pid tells whether it still runs) and the network namespace
+// (ranks in separate ones stand for separate machines, as in the multi-machine tests). A rank that cannot read them
+// counts as a machine of its own.
+std::string machine_identity(int rank) {
+  std::ifstream boot("/proc/sys/kernel/random/boot_id");
+  std::string identity;
+  std::getline(boot, identity);
+  for (const char* ns : {"/proc/self/ns/mnt", "/proc/self/ns/pid", "/proc/self/ns/net"}) {
+    char target[256] = {};
+    if (readlink(ns, target, sizeof target - 1) <= 0) return fmt::format("unknown (rank {})", rank);
+    identity += std::string(" ") + target;
+  }
+  return identity.empty() ? fmt::format("unknown (rank {})", rank) : identity;
+}
+
+// How a ring message lands: copied into place, or added into it (the reduce-scatter's float32 sums).
+enum class Arrival { copy, add };
+
 // dst += src elementwise, on the calling thread: the ring thread must not start LibTorch's intra-op pool.
 void add_into(float* dst, const float* src, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
@@ -258,6 +283,7 @@ class ProcessGroupCommunicator : public Communicator {
     monitor_ = std::thread([this] { monitor_loop(); });
     try {
       create_process_group();
+      connect_shared_memory();
       arm_main_store_deadline();
     } catch (...) {
       shutdown(true);
@@ -271,6 +297,7 @@ class ProcessGroupCommunicator : public Communicator {
   int rank() const override { return env_.rank; }
   int world_size() const override { return env_.world_size; }
   std::string backend_name() const override { return opts_.backend; }
+  std::string ring_transport() const override { return shm_ ? "shared memory" : "tcp"; }
 
   void allreduce_sum(std::vector<at::Tensor>& tensors) override {
     // One collective per dtype over a flat buffer: c10d's list form means "one tensor per device".
@@ -448,8 +475,34 @@ class ProcessGroupCommunicator : public Communicator {
       ring_thread_.join();
   }
 
-  // Sends `out` to the next rank and receives `in` from the previous one; both must finish.
-  void ring_exchange(const at::Tensor& out, const at::Tensor& in, int64_t seq) {
+  // Sends `out` to the next rank and lands the previous rank's message of the same size in `in`.
+  void ring_exchange(const at::Tensor& out, const at::Tensor& in, Arrival arrival, int64_t seq) {
+    if (shm_) return shared_memory_exchange(out, in, arrival, seq);
+    at::Tensor landing = arrival == Arrival::copy ? in : at::empty_like(in);
+    tcp_exchange(out, landing, seq);
+    if (arrival == Arrival::add) add_into(in.data_ptr<float>(), landing.data_ptr<float>(), in.numel());
+  }
+
+  // The sum is taken straight from the previous rank's mailbox, piece by piece, without a landing copy.
+  void shared_memory_exchange(const at::Tensor& out, const at::Tensor& in, Arrival arrival, int64_t seq) {
+    auto* destination = static_cast<unsigned char*>(in.data_ptr());
+    auto land = [&](const void* piece, size_t offset, size_t bytes) {
+      if (arrival == Arrival::copy)
+        std::memcpy(destination + offset, piece, bytes);
+      else
+        add_into(reinterpret_cast<float*>(destination + offset), static_cast<const float*>(piece),
+                 static_cast<int64_t>(bytes / sizeof(float)));
+    };
+    try {
+      shm_->exchange(out.data_ptr(), out.nbytes(), land, opts_.timeout);
+    } catch (const std::exception& e) {
+      const std::string cause = first_line(e);
+      fail_collective(seq, cause, looks_like_timeout(cause));
+    }
+  }
+
+  // Over Gloo's TCP transport: both the send and the receive must finish.
+  void tcp_exchange(const at::Tensor& out, const at::Tensor& in, int64_t seq) {
     const int world = env_.world_size;
     const int next = (env_.rank + 1) % world, prev = (env_.rank + world - 1) % world;
     std::vector<at::Tensor> send_list{out}, recv_list{in};
@@ -465,13 +518,8 @@ class ProcessGroupCommunicator : public Communicator {
   void ring_reduce_scatter(const at::Tensor& flat, int64_t seq) {
     const int world = env_.world_size, r = env_.rank;
     const int64_t n = flat.numel() / world;
-    at::Tensor incoming = at::empty({n}, flat.options());
     auto chunk = [&](int c) { return flat.narrow(0, ((c % world) + world) % world * n, n); };
-    for (int s = 0; s + 1 < world; ++s) {
-      ring_exchange(chunk(r - 1 - s), incoming, seq);
-      at::Tensor target = chunk(r - 2 - s);
-      add_into(target.data_ptr<float>(), incoming.data_ptr<float>(), n);
-    }
+    for (int s = 0; s + 1 < world; ++s) ring_exchange(chunk(r - 1 - s), chunk(r - 2 - s), Arrival::add, seq);
   }
 
   // Chunk r starts at rank r; at step s rank r forwards chunk r-s and receives chunk r-1-s in place.
@@ -479,7 +527,7 @@ class ProcessGroupCommunicator : public Communicator {
     const int world = env_.world_size, r = env_.rank;
     const int64_t n = flat.numel() / world;
     auto chunk = [&](int c) { return flat.narrow(0, ((c % world) + world) % world * n, n); };
-    for (int s = 0; s + 1 < world; ++s) ring_exchange(chunk(r - s), chunk(r - 1 - s), seq);
+    for (int s = 0; s + 1 < world; ++s) ring_exchange(chunk(r - s), chunk(r - 1 - s), Arrival::copy, seq);
   }
 
   void connect_store() {
@@ -618,6 +666,42 @@ class ProcessGroupCommunicator : public Communicator {
       fail("{} (rank {}'s data-plane address: {}; choose the interface with --dist_iface or GLOO_SOCKET_IFNAME)",
            diagnosis, env_.rank, address_);
     }
+  }
+
+  // Ranks that all run on one machine send the ring collectives' messages through shared memory (see
+  // shared_memory_ring.h). Every rank learns whether every rank could map the segment, so all use one transport.
+  void connect_shared_memory() {
+    if (opts_.transport == "tcp") return;
+    const int world = env_.world_size;
+    std::string why;
+    std::unique_ptr<SharedMemoryRing> ring;
+    bool all_opened = true;
+    try {
+      const std::string here = machine_identity(env_.rank);
+      store_->set(machine_key(env_.rank), bytes(here));
+      for (int r = 0; r < world; ++r)
+        if (text(store_->get(machine_key(r))) != here) {
+          debug("rank {}: rank {} runs on another machine: ring collectives over TCP", env_.rank, r);
+          return;
+        }
+      if (env_.rank == 0) {
+        ring = SharedMemoryRing::create(world, &why);
+        store_->set(kShmNameKey, bytes(ring ? ring->name() : ""));
+      } else {
+        const std::string name = text(store_->get(kShmNameKey));
+        if (name.empty()) why = "rank 0 could not create it";
+        if (!name.empty()) ring = SharedMemoryRing::open(name, env_.rank, world, &why);
+      }
+      store_->set(shm_opened_key(env_.rank), bytes(ring ? "1" : "0"));
+      for (int r = 0; r < world; ++r) all_opened = all_opened && text(store_->get(shm_opened_key(r))) == "1";
+    } catch (const std::exception& e) {
+      fail("rank {} lost the master store at {}:{} while the ranks were connecting: {}", env_.rank, env_.master_addr,
+           env_.master_port, first_line(e));
+    }
+    if (!ring) log::warn("rank {}: ring collectives over TCP: shared memory unusable: {}", env_.rank, why);
+    if (ring) ring->unlink_name();  // every rank has opened it or given up
+    if (all_opened) shm_ = std::move(ring);
+    debug("rank {}: ring collectives over {}", env_.rank, ring_transport());
   }
 
   // Heartbeat into the store; watchdog that ends this process when another rank reported a fault (or the master
@@ -790,9 +874,10 @@ class ProcessGroupCommunicator : public Communicator {
     monitor_cv_.notify_all();
     if (monitor_.joinable()) monitor_.join();
     if (failed_) {
-      // Gloo's destructor joins worker threads that may still sit in a broken collective: let process exit
-      // reclaim them instead of hanging here.
+      // Gloo's destructor joins worker threads that may still sit in a broken collective, and the ring thread,
+      // left behind, may still read the shared memory: let process exit reclaim them instead of hanging here.
       (void)pg_.release();
+      (void)shm_.release();
     } else {
       pg_.reset();
     }
@@ -832,6 +917,7 @@ class ProcessGroupCommunicator : public Communicator {
   std::string address_;
   c10::intrusive_ptr<c10d::TCPStore> store_;
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
+  std::unique_ptr<SharedMemoryRing> shm_;  // ring messages when every rank is on this machine
   std::mutex ops_mutex_;
   std::array<const char*, 4096> op_names_{};
   std::atomic<int64_t> issued_{0};

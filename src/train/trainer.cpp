@@ -83,6 +83,7 @@ RunContext start_run(const TrainerOptions& o) {
   dist::CommOptions comm_options;
   comm_options.timeout = dist::timeout_from_seconds(o.dist_timeout_s);
   comm_options.iface = o.dist_iface;
+  comm_options.transport = o.dist_transport;
   RunContext context;
   context.comm = dist::make_communicator(env, comm_options);
   log::set_rank(context.comm->rank(), context.comm->world_size());
@@ -150,7 +151,7 @@ json Trainer::run_settings() const {
   const json flags = options_.run_info.value("flags", json::object());
   for (const auto& [flag, value] : flags.items()) settings["--" + flag] = value;
   // Chosen per machine, not per run.
-  for (const char* per_machine : {"--threads", "--dist_iface", "--dist_timeout", "--local_rank"})
+  for (const char* per_machine : {"--threads", "--dist_iface", "--dist_timeout", "--dist_transport", "--local_rank"})
     settings.erase(per_machine);
   settings["command"] = options_.run_info.value("command", "");
   settings["dataset size"] = task_.dataset_size();

@@ -57,6 +57,7 @@ struct TrainerOptions {
   std::optional<int> threads;
   double dist_timeout_s = 300;
   std::string dist_iface;
+  std::string dist_transport = "auto";
   // Float32 gradients per communication bucket (PyTorch DDP's bucket_cap_mb): smaller buckets start travelling
   // earlier in backward but cost more messages.
   double bucket_cap_mb = 25;

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "dist/in_process_world.h"
+#include "dist/shared_memory_ring.h"
 #include "test_util.h"
 
 namespace sd::dist {
@@ -228,27 +229,48 @@ TEST(BucketLayout, ShardsArePaddedEqualSlicesCoveringEveryElementOnce) {
   for (int v : seen) EXPECT_EQ(v, 1);
 }
 
+// Over shared memory (ranks of one machine, the default) and over TCP, from a few elements to messages of several
+// shared-memory pieces, in float32 and bf16, several collectives in a row (so mailboxes are reused).
 TEST(RingCollectives, ReduceScatterAndAllGatherInPlace) {
-  for (int world : {2, 3}) {
-    std::vector<at::Tensor> scattered(world), gathered(world);
-    auto errors = run_world(world, [&](int r, Communicator& comm) {
-      at::Tensor flat = at::arange(12, at::kFloat) * (r + 1);  // chunks of 12 / world
-      comm.reduce_scatter_sum_async(flat)->wait();
-      scattered[r] = flat.narrow(0, 12 / world * r, 12 / world).clone();
-      at::Tensor mine = at::full({12}, -1.0f);
-      mine.narrow(0, 12 / world * r, 12 / world).fill_(static_cast<float>(r));
-      comm.all_gather_async(mine)->wait();
-      gathered[r] = mine;
-    });
-    const float ranks_sum = world * (world + 1) / 2.0f;
-    for (int r = 0; r < world; ++r) {
-      ASSERT_EQ(errors[r], "");
-      EXPECT_TRUE(
-          at::equal(scattered[r], at::arange(12, at::kFloat).narrow(0, 12 / world * r, 12 / world) * ranks_sum));
-      for (int c = 0; c < world; ++c)
-        EXPECT_TRUE(at::all(gathered[r].narrow(0, 12 / world * c, 12 / world) == c).item<bool>()) << r << " " << c;
-    }
-  }
+  const int64_t piece_floats = static_cast<int64_t>(SharedMemoryRing::kPieceBytes / sizeof(float));
+  for (const std::string transport : {"auto", "tcp"})
+    for (int world : {2, 3})
+      for (int64_t chunk : {int64_t(4), 2 * piece_floats + 1000}) {
+        SCOPED_TRACE(transport + ", world " + std::to_string(world) + ", chunk " + std::to_string(chunk));
+        const int64_t n = chunk * world;
+        const at::Tensor pattern = at::arange(n, at::kFloat).remainder_(1000);
+        std::vector<std::string> transports(world);
+        std::vector<at::Tensor> scattered(world), gathered(world), gathered_bf16(world);
+        auto errors = run_world(
+            world,
+            [&](int r, Communicator& comm) {
+              transports[r] = comm.ring_transport();
+              for (int repeat = 0; repeat < 2; ++repeat) {
+                at::Tensor flat = pattern * (r + 1 + repeat);
+                comm.reduce_scatter_sum_async(flat)->wait();
+                scattered[r] = flat.narrow(0, chunk * r, chunk).clone();
+              }
+              at::Tensor mine = at::full({n}, -1.0f);
+              mine.narrow(0, chunk * r, chunk).fill_(static_cast<float>(r));
+              comm.all_gather_async(mine)->wait();
+              gathered[r] = mine;
+              at::Tensor mine_bf16 = at::full({n}, -1.0f, at::kBFloat16);
+              mine_bf16.narrow(0, chunk * r, chunk).copy_(pattern.narrow(0, chunk * r, chunk));
+              comm.all_gather_async(mine_bf16)->wait();
+              gathered_bf16[r] = mine_bf16;
+            },
+            std::chrono::seconds(20), transport);
+        // Each rank's last reduce-scatter: pattern * sum over ranks of (r + 2).
+        const float ranks_sum = world * (world + 1) / 2.0f + world;
+        for (int r = 0; r < world; ++r) {
+          ASSERT_EQ(errors[r], "");
+          EXPECT_EQ(transports[r], transport == "tcp" ? "tcp" : "shared memory");
+          EXPECT_TRUE(at::equal(scattered[r], pattern.narrow(0, chunk * r, chunk) * ranks_sum)) << r;
+          for (int c = 0; c < world; ++c)
+            EXPECT_TRUE(at::all(gathered[r].narrow(0, chunk * c, chunk) == c).item<bool>()) << r << " " << c;
+          EXPECT_TRUE(at::equal(gathered_bf16[r], pattern.to(at::kBFloat16))) << r;
+        }
+      }
 }
 
 }  // namespace

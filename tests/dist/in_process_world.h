@@ -27,7 +27,8 @@ inline DistEnv loopback_env(int rank, int world, int port) {
 
 // Runs fn(rank, comm) on every rank; returns each rank's error message ("" if none).
 inline std::vector<std::string> run_world(int world, const std::function<void(int, Communicator&)>& fn,
-                                          std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+                                          std::chrono::milliseconds timeout = std::chrono::seconds(20),
+                                          const std::string& transport = "auto") {
   const int port = sd::test::free_port();
   std::vector<std::string> errors(world);
   std::vector<std::thread> threads;
@@ -36,6 +37,7 @@ inline std::vector<std::string> run_world(int world, const std::function<void(in
       try {
         CommOptions opts;
         opts.timeout = timeout;
+        opts.transport = transport;
         auto comm = make_communicator(loopback_env(r, world, port), opts);
         fn(r, *comm);
       } catch (const std::exception& e) {

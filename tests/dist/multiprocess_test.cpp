@@ -62,9 +62,10 @@ std::vector<std::string> lines_of(const std::string& output) {
   return lines;
 }
 
-// Every rank 0..world-1 reported once, with correct collectives and the expected launcher and placement.
+// Every rank 0..world-1 reported once, with correct collectives and the expected launcher and placement. Ranks
+// of one machine send the ring collectives through shared memory unless told otherwise.
 void expect_world(const std::vector<json>& lines, int world, const std::string& launcher, int local_world,
-                  const std::string& output) {
+                  const std::string& output, const std::string& ring_transport = "shared memory") {
   ASSERT_EQ(static_cast<int>(lines.size()), world) << output;
   std::set<int> ranks;
   for (const auto& l : lines) {
@@ -76,6 +77,9 @@ void expect_world(const std::vector<json>& lines, int world, const std::string& 
     EXPECT_TRUE(l.at("allreduce_ok").get<bool>()) << l;
     EXPECT_TRUE(l.at("broadcast_ok").get<bool>()) << l;
     EXPECT_TRUE(l.at("all_gather_ok").get<bool>()) << l;
+    EXPECT_TRUE(l.at("reduce_scatter_ok").get<bool>()) << l;
+    EXPECT_TRUE(l.at("ring_all_gather_ok").get<bool>()) << l;
+    EXPECT_EQ(l.at("ring_transport"), ring_transport) << l;
     EXPECT_EQ(l.at("threads"), std::max(1, affinity_core_count() / local_world)) << l;
   }
   EXPECT_EQ(static_cast<int>(ranks.size()), world) << output;
@@ -101,14 +105,17 @@ std::vector<std::unique_ptr<Process>> start_torchrun_style(int world, const std:
 }
 
 TEST(DistProcesses, SdtrainLaunchTwoRanks) {
-  auto r = sd::test::run_process(
-      {sd::test::sdtrain_binary(), "launch", "--nproc_per_node", "2", "--", "dist-check", "--dist_timeout", "30"},
-      seconds(60), clean_env());
-  ASSERT_FALSE(r.timed_out) << r.output;
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  auto lines = json_lines(r.output);
-  expect_world(lines, 2, "sdtrain-launch", 2, r.output);
-  for (const auto& l : lines) EXPECT_EQ(l.at("master").get<std::string>().rfind("127.0.0.1:", 0), 0u) << l;
+  for (const std::string transport : {"auto", "tcp"}) {
+    // 9 MiB: the ring collectives' messages span several shared-memory pieces.
+    auto r = sd::test::run_process({sd::test::sdtrain_binary(), "launch", "--nproc_per_node", "2", "--", "dist-check",
+                                    "--dist_timeout", "30", "--size_mb", "9", "--dist_transport", transport},
+                                   seconds(60), clean_env());
+    ASSERT_FALSE(r.timed_out) << r.output;
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    auto lines = json_lines(r.output);
+    expect_world(lines, 2, "sdtrain-launch", 2, r.output, transport == "tcp" ? "tcp" : "shared memory");
+    for (const auto& l : lines) EXPECT_EQ(l.at("master").get<std::string>().rfind("127.0.0.1:", 0), 0u) << l;
+  }
 }
 
 TEST(DistProcesses, OpenMpiTwoAndThreeRanks) {

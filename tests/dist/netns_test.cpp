@@ -120,6 +120,8 @@ TEST_F(NetnsMachines, TorchrunStyleRanksInThreeNamespaces) {
     EXPECT_EQ(lines[0].at("local_world_size"), 1);
     EXPECT_EQ(lines[0].at("master"), machines_->address(0) + ":" + std::to_string(port));
     EXPECT_TRUE(lines[0].at("allreduce_ok").get<bool>());
+    EXPECT_TRUE(lines[0].at("reduce_scatter_ok").get<bool>());
+    EXPECT_EQ(lines[0].at("ring_transport"), "tcp");  // separate machines, though on one kernel
   }
   expect_traffic_crossed(before);
 }
