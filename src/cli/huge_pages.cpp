@@ -35,4 +35,6 @@ void use_transparent_huge_pages() {
   tcmalloc->SetSystemAllocator(&allocator);
 }
 
+void keep_freed_memory() { MallocExtension::instance()->SetMemoryReleaseRate(0); }
+
 }  // namespace sd::cli

@@ -10,4 +10,10 @@ namespace sd::cli {
 // Call first thing in main(), before anything allocates much; needs tcmalloc linked in.
 void use_transparent_huge_pages();
 
+// tcmalloc gives freed memory back to the kernel bit by bit (MADV_DONTNEED) by default. A training step frees its
+// activations at its end and allocates them again in the next, so every step paid the first touch of those pages
+// again (the kernel clearing them). Keeping freed memory leaves the resident size at the run's peak, which is what
+// a training process is sized for anyway. Needs tcmalloc linked in.
+void keep_freed_memory();
+
 }  // namespace sd::cli

@@ -21,6 +21,7 @@ std::string first_line(const std::string& text) { return text.substr(0, text.fin
 int main(int argc, char** argv) {
 #ifdef SDTRAIN_TCMALLOC
   sd::cli::use_transparent_huge_pages();
+  sd::cli::keep_freed_memory();
 #endif
   try {
     return sd::cli::run(argc, argv);
