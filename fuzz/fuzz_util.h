@@ -18,15 +18,24 @@
 
 namespace sd::fuzz {
 
-// A file holding `data`, in a per-process folder under /dev/shm (else /tmp): the readers take paths.
+// A per-process folder under /dev/shm (else /tmp), removed when the fuzzer exits normally (its time is up).
+struct InputFolder {
+  std::filesystem::path path;
+  InputFolder() {
+    const std::filesystem::path base = std::filesystem::exists("/dev/shm") ? "/dev/shm" : "/tmp";
+    path = base / ("sdtrain-fuzz-" + std::to_string(getpid()));
+    std::filesystem::create_directories(path);
+  }
+  ~InputFolder() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path, ignored);
+  }
+};
+
+// A file holding `data` in the input folder: the readers take paths.
 inline std::filesystem::path write_input(std::string_view data, const std::string& name = "input") {
-  static const std::filesystem::path dir = [] {
-    std::filesystem::path base = std::filesystem::exists("/dev/shm") ? "/dev/shm" : "/tmp";
-    std::filesystem::path d = base / ("sdtrain-fuzz-" + std::to_string(getpid()));
-    std::filesystem::create_directories(d);
-    return d;
-  }();
-  const std::filesystem::path path = dir / name;
+  static const InputFolder dir;
+  const std::filesystem::path path = dir.path / name;
   std::ofstream(path, std::ios::binary | std::ios::trunc).write(data.data(), static_cast<std::streamsize>(data.size()));
   return path;
 }
