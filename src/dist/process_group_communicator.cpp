@@ -1,6 +1,7 @@
 // Communicator over a c10d process group (Gloo on CPU): rendezvous through a TCPStore hosted by rank 0, plus a
 // heartbeat per rank in that store, so that when a collective fails or times out (Gloo's errors name sockets,
-// not ranks) every rank can say which rank was lost, hung or never joined.
+// not ranks) every rank can say which rank was lost, hung or never joined. The sharded optimizer's ring collectives
+// are sdtrain's own, over Gloo's point-to-point messages or, between ranks of one machine, shared memory.
 //
 // Debian's libtorch is built with Gloo, but its headers only declare ProcessGroupGloo under USE_C10D_GLOO.
 #ifndef USE_C10D_GLOO
@@ -324,6 +325,15 @@ class ProcessGroupCommunicator : public Communicator {
   std::unique_ptr<PendingCollective> allreduce_sum_async(at::Tensor tensor) override {
     SD_CHECK(tensor.is_contiguous(), "allreduce_sum_async needs a contiguous tensor");
     int64_t seq = begin_collective("allreduce");
+    // Between ranks of one machine float32 sums (the gradients) take the shared-memory ring: a reduce-scatter and
+    // an all-gather, the bytes of Gloo's ring allreduce without its socket copies.
+    if (shm_ && tensor.scalar_type() == at::kFloat) {
+      const at::Tensor flat = tensor.view({-1});
+      return run_on_ring_thread([this, flat, seq] {
+        ring_reduce_scatter(flat, seq);
+        ring_all_gather(flat, seq);
+      });
+    }
     std::vector<at::Tensor> list{tensor};
     auto work = issue(seq, [&] { return pg_->allreduce(list); });
     return std::make_unique<PendingWork>(this, std::move(work), seq, tensor);
@@ -475,7 +485,7 @@ class ProcessGroupCommunicator : public Communicator {
       ring_thread_.join();
   }
 
-  // Sends `out` to the next rank and lands the previous rank's message of the same size in `in`.
+  // Sends `out` to the next rank and lands the previous rank's message in `in` (the chunk that rank sends).
   void ring_exchange(const at::Tensor& out, const at::Tensor& in, Arrival arrival, int64_t seq) {
     if (shm_) return shared_memory_exchange(out, in, arrival, seq);
     at::Tensor landing = arrival == Arrival::copy ? in : at::empty_like(in);
@@ -494,7 +504,7 @@ class ProcessGroupCommunicator : public Communicator {
                  static_cast<int64_t>(bytes / sizeof(float)));
     };
     try {
-      shm_->exchange(out.data_ptr(), out.nbytes(), land, opts_.timeout);
+      shm_->exchange(out.data_ptr(), out.nbytes(), in.nbytes(), land, opts_.timeout);
     } catch (const std::exception& e) {
       const std::string cause = first_line(e);
       fail_collective(seq, cause, looks_like_timeout(cause));
@@ -513,21 +523,27 @@ class ProcessGroupCommunicator : public Communicator {
     wait_work(sent, seq);
   }
 
+  // Chunk c (modulo the world) of a flat tensor: world near-equal parts, equal when the size is a multiple of it.
+  at::Tensor ring_chunk(const at::Tensor& flat, int c) const {
+    const int world = env_.world_size;
+    c = (c % world + world) % world;
+    const int64_t begin = flat.numel() * c / world, end = flat.numel() * (c + 1) / world;
+    return flat.narrow(0, begin, end - begin);
+  }
+
   // Chunk c starts at rank c+1 and travels the ring, each rank adding its own chunk c, until it reaches rank c
   // after world-1 hops: at step s rank r sends chunk r-1-s and receives (and adds into) chunk r-2-s.
   void ring_reduce_scatter(const at::Tensor& flat, int64_t seq) {
-    const int world = env_.world_size, r = env_.rank;
-    const int64_t n = flat.numel() / world;
-    auto chunk = [&](int c) { return flat.narrow(0, ((c % world) + world) % world * n, n); };
-    for (int s = 0; s + 1 < world; ++s) ring_exchange(chunk(r - 1 - s), chunk(r - 2 - s), Arrival::add, seq);
+    const int r = env_.rank;
+    for (int s = 0; s + 1 < env_.world_size; ++s)
+      ring_exchange(ring_chunk(flat, r - 1 - s), ring_chunk(flat, r - 2 - s), Arrival::add, seq);
   }
 
   // Chunk r starts at rank r; at step s rank r forwards chunk r-s and receives chunk r-1-s in place.
   void ring_all_gather(const at::Tensor& flat, int64_t seq) {
-    const int world = env_.world_size, r = env_.rank;
-    const int64_t n = flat.numel() / world;
-    auto chunk = [&](int c) { return flat.narrow(0, ((c % world) + world) % world * n, n); };
-    for (int s = 0; s + 1 < world; ++s) ring_exchange(chunk(r - s), chunk(r - 1 - s), Arrival::copy, seq);
+    const int r = env_.rank;
+    for (int s = 0; s + 1 < env_.world_size; ++s)
+      ring_exchange(ring_chunk(flat, r - s), ring_chunk(flat, r - 1 - s), Arrival::copy, seq);
   }
 
   void connect_store() {

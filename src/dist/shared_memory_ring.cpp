@@ -171,27 +171,39 @@ void SharedMemoryRing::wait_for(const uint32_t* word, uint32_t target, int peer,
   }
 }
 
-void SharedMemoryRing::exchange(const void* out, size_t bytes, const Receive& receive,
+// Pieces go out and come in alternately, so that neither neighbour waits for the other to finish a whole message.
+void SharedMemoryRing::exchange(const void* out, size_t out_bytes, size_t in_bytes, const Receive& receive,
                                 std::chrono::milliseconds timeout) {
-  const int next = (rank_ + 1) % world_, prev = (rank_ + world_ - 1) % world_;
   const auto deadline = Clock::now() + timeout;
-  for (size_t offset = 0; offset < bytes; offset += kPieceBytes) {
-    const size_t piece = std::min(kPieceBytes, bytes - offset);
-    const uint32_t message = ++sent_;
-    const int slot = message % 2;
-    // Out: this rank's mailbox, once the next rank has read what it held (the message before last).
-    Mailbox& mine = mailbox(rank_, slot);
-    wait_for(reinterpret_cast<uint32_t*>(&mine.taken), message - 2, next, deadline);
-    std::memcpy(mine.data, static_cast<const unsigned char*>(out) + offset, piece);
-    mine.posted.store(message, std::memory_order_release);
-    futex_wake(reinterpret_cast<uint32_t*>(&mine.posted));
-    // In: the previous rank's message of the same number.
-    Mailbox& theirs = mailbox(prev, slot);
-    wait_for(reinterpret_cast<uint32_t*>(&theirs.posted), message, prev, deadline);
-    receive(theirs.data, offset, piece);
-    theirs.taken.store(message, std::memory_order_release);
-    futex_wake(reinterpret_cast<uint32_t*>(&theirs.taken));
+  for (size_t sent = 0, received = 0; sent < out_bytes || received < in_bytes;) {
+    if (sent < out_bytes) sent += send_piece(static_cast<const unsigned char*>(out) + sent, out_bytes - sent, deadline);
+    if (received < in_bytes) received += receive_piece(receive, received, in_bytes - received, deadline);
   }
+}
+
+// Into this rank's mailbox, once the next rank has read what it held (the message before last).
+size_t SharedMemoryRing::send_piece(const unsigned char* data, size_t left, Clock::time_point deadline) {
+  const size_t bytes = std::min(kPieceBytes, left);
+  const uint32_t message = ++sent_;
+  Mailbox& mine = mailbox(rank_, message % 2);
+  wait_for(reinterpret_cast<uint32_t*>(&mine.taken), message - 2, (rank_ + 1) % world_, deadline);
+  std::memcpy(mine.data, data, bytes);
+  mine.posted.store(message, std::memory_order_release);
+  futex_wake(reinterpret_cast<uint32_t*>(&mine.posted));
+  return bytes;
+}
+
+// The previous rank's next message, handed to `receive` and then marked as read.
+size_t SharedMemoryRing::receive_piece(const Receive& receive, size_t offset, size_t left, Clock::time_point deadline) {
+  const size_t bytes = std::min(kPieceBytes, left);
+  const uint32_t message = ++received_;
+  const int prev = (rank_ + world_ - 1) % world_;
+  Mailbox& theirs = mailbox(prev, message % 2);
+  wait_for(reinterpret_cast<uint32_t*>(&theirs.posted), message, prev, deadline);
+  receive(theirs.data, offset, bytes);
+  theirs.taken.store(message, std::memory_order_release);
+  futex_wake(reinterpret_cast<uint32_t*>(&theirs.taken));
+  return bytes;
 }
 
 }  // namespace sd::dist

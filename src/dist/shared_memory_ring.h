@@ -39,23 +39,29 @@ class SharedMemoryRing {
 
   // Called with each arriving piece: `bytes` at `offset` into the message, readable until the call returns.
   using Receive = std::function<void(const void* piece, size_t offset, size_t bytes)>;
-  // Sends `bytes` of `out` to the next rank of the ring and passes the same number of bytes from the previous rank
-  // to `receive`. Every rank must call it in the same order with the same sizes. A peer that does not answer
-  // within `timeout` or whose process is gone throws sd::Error whose text says which (for the caller's diagnosis).
-  void exchange(const void* out, size_t bytes, const Receive& receive, std::chrono::milliseconds timeout);
+  // Sends `out_bytes` of `out` to the next rank of the ring and passes the `in_bytes` the previous rank sends to
+  // `receive`. Every rank must call it in the same order, each receiving as many bytes as its previous rank sends.
+  // A peer that does not answer within `timeout` or whose process is gone throws sd::Error whose text says which
+  // (for the caller's diagnosis).
+  void exchange(const void* out, size_t out_bytes, size_t in_bytes, const Receive& receive,
+                std::chrono::milliseconds timeout);
 
  private:
   SharedMemoryRing(std::string name, int rank, int world, void* base, size_t size);
   struct Mailbox;
   static size_t segment_bytes(int world);
   Mailbox& mailbox(int rank, int slot);
+  size_t send_piece(const unsigned char* data, size_t left, std::chrono::steady_clock::time_point deadline);
+  size_t receive_piece(const Receive& receive, size_t offset, size_t left,
+                       std::chrono::steady_clock::time_point deadline);
   void wait_for(const uint32_t* word, uint32_t target, int peer, std::chrono::steady_clock::time_point deadline);
 
   std::string name_;
   int rank_, world_;
   void* base_;
   size_t size_;
-  uint32_t sent_ = 0;  // messages (pieces) this rank has sent, the same count on every rank
+  uint32_t sent_ = 0;      // messages (pieces) this rank has written into its mailboxes
+  uint32_t received_ = 0;  // messages it has read from the previous rank's, which has sent as many or more
   bool unlinked_ = false;
 };
 

@@ -230,7 +230,8 @@ TEST(BucketLayout, ShardsArePaddedEqualSlicesCoveringEveryElementOnce) {
 }
 
 // Over shared memory (ranks of one machine, the default) and over TCP, from a few elements to messages of several
-// shared-memory pieces, in float32 and bf16, several collectives in a row (so mailboxes are reused).
+// shared-memory pieces, in float32 and bf16, several collectives in a row (so mailboxes are reused), and the float32
+// allreduce that rides the same ring over shared memory, on a size no multiple of the world size.
 TEST(RingCollectives, ReduceScatterAndAllGatherInPlace) {
   const int64_t piece_floats = static_cast<int64_t>(SharedMemoryRing::kPieceBytes / sizeof(float));
   for (const std::string transport : {"auto", "tcp"})
@@ -240,7 +241,7 @@ TEST(RingCollectives, ReduceScatterAndAllGatherInPlace) {
         const int64_t n = chunk * world;
         const at::Tensor pattern = at::arange(n, at::kFloat).remainder_(1000);
         std::vector<std::string> transports(world);
-        std::vector<at::Tensor> scattered(world), gathered(world), gathered_bf16(world);
+        std::vector<at::Tensor> scattered(world), gathered(world), gathered_bf16(world), summed(world);
         auto errors = run_world(
             world,
             [&](int r, Communicator& comm) {
@@ -258,6 +259,8 @@ TEST(RingCollectives, ReduceScatterAndAllGatherInPlace) {
               mine_bf16.narrow(0, chunk * r, chunk).copy_(pattern.narrow(0, chunk * r, chunk));
               comm.all_gather_async(mine_bf16)->wait();
               gathered_bf16[r] = mine_bf16;
+              summed[r] = pattern.narrow(0, 0, n - 1) * (r + 1);
+              comm.allreduce_sum_async(summed[r])->wait();
             },
             std::chrono::seconds(20), transport);
         // Each rank's last reduce-scatter: pattern * sum over ranks of (r + 2).
@@ -269,6 +272,7 @@ TEST(RingCollectives, ReduceScatterAndAllGatherInPlace) {
           for (int c = 0; c < world; ++c)
             EXPECT_TRUE(at::all(gathered[r].narrow(0, chunk * c, chunk) == c).item<bool>()) << r << " " << c;
           EXPECT_TRUE(at::equal(gathered_bf16[r], pattern.to(at::kBFloat16))) << r;
+          EXPECT_TRUE(at::equal(summed[r], pattern.narrow(0, 0, n - 1) * (ranks_sum - world))) << r;
         }
       }
 }
