@@ -72,7 +72,7 @@ CLI::Option* accepted_python_flag(CLI::App* app, const std::string& name, bool t
 
 CLI::Option* dist_transport_flag(CLI::App* app, std::string& value) {
   return flag(app, "--dist_transport", value,
-              "auto: ranks that all run on one machine send gradient shards and weights through shared memory, "
+              "auto: ranks that all run on one machine send gradients and weights through shared memory, "
               "else over TCP; tcp: always over TCP")
       ->check(CLI::IsMember({"auto", "tcp"}));
 }

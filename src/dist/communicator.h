@@ -21,7 +21,7 @@ struct CommOptions {
   std::string iface;
   // Process-group backend; "gloo" on CPU. A CUDA build adds "nccl" in make_process_group (one case).
   std::string backend = "gloo";
-  // The ring collectives' (reduce-scatter, all-gather) messages: "auto" sends them through shared memory when every
+  // The reduce-scatter, the all-gather and float32 allreduces: "auto" sends them through shared memory when every
   // rank runs on this machine, else over the backend's network transport; "tcp" always over the network.
   std::string transport = "auto";
 };
@@ -62,7 +62,8 @@ class Communicator {
   // length), e.g. all_gather({stop_requested}) to agree on stopping.
   virtual std::vector<int64_t> all_gather(const std::vector<int64_t>& values) = 0;
   virtual std::string backend_name() const = 0;
-  // What the ring collectives travel over: "shared memory", "tcp", or "none" in a world of one.
+  // What the ring collectives (and with shared memory the float32 allreduces) travel over: "shared memory", "tcp",
+  // or "none" in a world of one.
   virtual std::string ring_transport() const = 0;
 };
 

@@ -253,15 +253,18 @@ class PendingRing : public PendingCollective {
 // (ranks in separate ones stand for separate machines, as in the multi-machine tests). A rank that cannot read them
 // counts as a machine of its own.
 std::string machine_identity(int rank) {
+  const std::string unknown = fmt::format("unknown (rank {})", rank);
   std::ifstream boot("/proc/sys/kernel/random/boot_id");
   std::string identity;
-  std::getline(boot, identity);
+  // Namespace numbers repeat across machines (every kernel's initial ones are the same): without the boot id they
+  // tell nothing.
+  if (!std::getline(boot, identity) || identity.empty()) return unknown;
   for (const char* ns : {"/proc/self/ns/mnt", "/proc/self/ns/pid", "/proc/self/ns/net"}) {
     char target[256] = {};
-    if (readlink(ns, target, sizeof target - 1) <= 0) return fmt::format("unknown (rank {})", rank);
+    if (readlink(ns, target, sizeof target - 1) <= 0) return unknown;
     identity += std::string(" ") + target;
   }
-  return identity.empty() ? fmt::format("unknown (rank {})", rank) : identity;
+  return identity;
 }
 
 // How a ring message lands: copied into place, or added into it (the reduce-scatter's float32 sums).
@@ -705,8 +708,10 @@ class ProcessGroupCommunicator : public Communicator {
         store_->set(kShmNameKey, bytes(ring ? ring->name() : ""));
       } else {
         const std::string name = text(store_->get(kShmNameKey));
-        if (name.empty()) why = "rank 0 could not create it";
-        if (!name.empty()) ring = SharedMemoryRing::open(name, env_.rank, world, &why);
+        if (name.empty())
+          why = "rank 0 could not create it";
+        else
+          ring = SharedMemoryRing::open(name, env_.rank, world, &why);
       }
       store_->set(shm_opened_key(env_.rank), bytes(ring ? "1" : "0"));
       for (int r = 0; r < world; ++r) all_opened = all_opened && text(store_->get(shm_opened_key(r))) == "1";
