@@ -2,6 +2,8 @@
 
 #include <torch/autograd.h>
 
+#include "models/im2col.h"
+
 namespace sd::models {
 
 namespace {
@@ -57,7 +59,7 @@ at::Tensor conv2d_as_gemm(const at::Tensor& x, const at::Tensor& weight, const a
                 ow = output_size(x.size(3), kw, stride[1], padding[1]);
   const bool pointwise = kh == 1 && kw == 1 && stride[0] == 1 && stride[1] == 1 && padding[0] == 0 && padding[1] == 0;
   const at::Tensor columns =  // [N, Cin·kh·kw, H'·W']
-      pointwise ? x.flatten(2) : at::im2col(x, {kh, kw}, /*dilation=*/{1, 1}, padding, stride);
+      pointwise ? x.flatten(2) : unfold_patches(x, {kh, kw}, padding, stride);
   const at::Tensor flat = columns.transpose(0, 1).reshape({columns.size(1), n * oh * ow});  // a copy only if N > 1
   const at::Tensor w = weight.reshape({cout, -1});
   const at::Tensor out =  // [Cout, N·H'·W']

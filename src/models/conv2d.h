@@ -1,9 +1,9 @@
 // How the models run a 2-D convolution. LibTorch 1.13 on CPU runs convolutions in oneDNN (a few shapes in its own
 // im2col kernel), which in float32 reaches 120-150 GFLOP/s on SD's 32x32 and 64x64 feature maps but only 15-30
 // GFLOP/s on the 8x8 and 4x4 maps of the lowest UNet levels, where a batch has few pixels and many channels. There,
-// unfolding the input (im2col) and running one GEMM over every image and pixel is 2-4x faster, forward and backward
-// (bench/bench_conv). In bf16 the same holds on 8x8 and 4x4 maps and, for 1x1 kernels, up to 32x32. Every other
-// case, and every other dtype or device, takes LibTorch's own convolution.
+// unfolding the input (im2col, models/im2col.h) and running one GEMM over every image and pixel is 2-4x faster, forward
+// and backward (bench/bench_conv). In bf16 the same holds on 8x8 and 4x4 maps and, for 1x1 kernels, up to 32x32. Every
+// other case, and every other dtype or device, takes LibTorch's own convolution.
 #pragma once
 #include <ATen/ATen.h>
 
