@@ -35,10 +35,11 @@ struct Geometry {
   int64_t out_pixels() const { return out_h * out_w; }
   // The input row a patch row ky reads for output row oy (outside [0, height) in the padding).
   int64_t input_row(int64_t oy, int64_t ky) const { return oy * sh - ph + ky; }
-  // The output columns [first, last) whose patch column kx falls inside the map.
+  // The output columns [first, last) whose patch column kx falls inside the map (first <= last).
   int64_t first_inside(int64_t kx) const { return std::clamp<int64_t>((pw - kx + sw - 1) / sw, 0, out_w); }
   int64_t last_inside(int64_t kx) const {
-    return width - 1 + pw - kx < 0 ? 0 : std::min(out_w, (width - 1 + pw - kx) / sw + 1);
+    const int64_t last = width - 1 + pw - kx < 0 ? 0 : std::min(out_w, (width - 1 + pw - kx) / sw + 1);
+    return std::max(first_inside(kx), last);
   }
   // Where in the map output column ox of patch column kx reads.
   int64_t input_column(int64_t ox, int64_t kx) const { return ox * sw - pw + kx; }
@@ -46,8 +47,6 @@ struct Geometry {
   int64_t grain() const { return std::max<int64_t>(1, (32 << 10) / std::max<int64_t>(1, kh * kw * out_pixels())); }
 };
 
-// Plain loops rather than std::fill/std::copy: the rows of SD's lowest levels are 4-8 elements long, where a library
-// call per row costs more than the copy (measured 1.7x slower on a 1280-channel 8x8 map).
 // Plain loops rather than std::fill/std::copy: rows of SD's lowest levels are 4-8 elements long, where a library call
 // per row costs more than the row (1.6x slower on a 1280-channel 8x8 map).
 template <typename T>
@@ -55,7 +54,7 @@ void unfold_plane(const T* plane, T* columns, const Geometry& g) {
   const T zero(0);
   for (int64_t ky = 0; ky < g.kh; ++ky)
     for (int64_t kx = 0; kx < g.kw; ++kx) {
-      const int64_t lo = g.first_inside(kx), hi = std::max(lo, g.last_inside(kx));
+      const int64_t lo = g.first_inside(kx), hi = g.last_inside(kx);
       for (int64_t oy = 0; oy < g.out_h; ++oy, columns += g.out_w) {
         const int64_t iy = g.input_row(oy, ky);
         const bool row_inside = iy >= 0 && iy < g.height;
