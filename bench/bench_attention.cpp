@@ -1,6 +1,6 @@
 // Attention at Stable Diffusion's shapes: the plain path (baddbmm, softmax, bmm, as diffusers' AttnProcessor) against
-// models/tiled_attention.h, forward alone and forward + backward, with what each keeps for backward. One JSON line
-// per case and path.
+// models/tiled_attention.h and, for heads of up to 16 channels, models/small_head_attention.h; forward alone and
+// forward + backward, with what each keeps for backward. One JSON line per case and path.
 //   bench_attention [--threads N] [--dtype float32|bf16]
 #include <torch/csrc/autograd/autograd.h>
 
@@ -12,6 +12,7 @@
 
 #include "bench_util.h"
 #include "core/threads.h"
+#include "models/small_head_attention.h"
 #include "models/tiled_attention.h"
 
 namespace {
@@ -38,10 +39,19 @@ int main(int argc, char** argv) {
   }
   sd::set_compute_threads(threads);
   const std::vector<Case> cases = {
-      {"sd15-256 self 32x32", 8, 1024, 1024, 40}, {"sd15-256 cross 32x32", 8, 1024, 77, 40},
-      {"sd15-256 self 16x16", 8, 256, 256, 80},   {"sd15-512 self 64x64", 8, 4096, 4096, 40},
-      {"sd2-512 self 64x64", 5, 4096, 4096, 64},  {"sd2-512 self 32x32", 10, 1024, 1024, 64},
+      {"sd15-256 self 32x32", 8, 1024, 1024, 40},
+      {"sd15-256 cross 32x32", 8, 1024, 77, 40},
+      {"sd15-256 self 16x16", 8, 256, 256, 80},
+      {"sd15-512 self 64x64", 8, 4096, 4096, 40},
+      {"sd2-512 self 64x64", 5, 4096, 4096, 64},
+      {"sd2-512 self 32x32", 10, 1024, 1024, 64},
       {"tiny self 32x32 x2", 4, 1024, 1024, 8},
+      // tiny-sd1's attentions in textual inversion at 64² (16x16 latents), batch 2 x 8 heads
+      {"tiny self 16x16", 16, 256, 256, 4},
+      {"tiny cross 16x16", 16, 256, 77, 4},
+      {"tiny self 8x8", 16, 64, 64, 8},
+      {"tiny cross 8x8", 16, 64, 77, 8},
+      {"tiny self 4x4", 16, 16, 16, 8},
   };
   for (const Case& c : cases) {
     at::manual_seed(0);
@@ -50,11 +60,16 @@ int main(int argc, char** argv) {
                      v = at::randn({c.slices, c.lk, c.d}).to(dtype), d_out = at::randn({c.slices, c.lq, c.d}).to(dtype);
     const double gemm_flops = 4.0 * c.slices * c.lq * c.lk * c.d;  // q kᵀ and P v
     using Fn = at::Tensor (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&, double);
-    const std::vector<std::pair<std::string, Fn>> paths = {
+    std::vector<std::pair<std::string, Fn>> paths = {
         {"plain", plain_attention},
         {"tiled", [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double s) {
            return sd::models::tiled_attention(q, k, v, s, false);
          }}};
+    // Each slice as a batch entry of one head: the same numbers in the fused kernel's [B, L, heads*d] layout.
+    if (sd::models::small_head_attention_fits(q, k, v, 1))
+      paths.emplace_back("small_head", [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double s) {
+        return sd::models::small_head_attention(q, k, v, 1, s, false);
+      });
     for (const auto& [path, fn] : paths) {
       const auto forward = sd::bench::time_it(
           [&] {
@@ -69,7 +84,10 @@ int main(int argc, char** argv) {
             torch::autograd::backward({fn(qg, kg, vg, scale)}, {d_out});
           },
           1, 5);
-      const int64_t kept = path == "plain" ? c.slices * c.lq * c.lk * static_cast<int64_t>(v.element_size()) : 0;
+      // small_head keeps each query row's maximum and sum: 8 bytes per row.
+      const int64_t kept = path == "plain"        ? c.slices * c.lq * c.lk * static_cast<int64_t>(v.element_size())
+                           : path == "small_head" ? c.slices * c.lq * 8
+                                                  : 0;
       const nlohmann::json line = {{"case", c.name},
                                    {"path", path},
                                    {"dtype", c10::toString(dtype)},

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "models/small_head_attention.h"
 #include "models/tiled_attention.h"
 
 namespace sd::models {
@@ -161,6 +162,19 @@ at::Tensor batch_to_head_dim(const at::Tensor& x, int64_t heads) {
 }
 }  // namespace
 
+// q [B, Lq, heads*d], k and v [B, Lk, heads*d] -> [B, Lq, heads*d]
+at::Tensor AttentionImpl::attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) const {
+  const int64_t heads = options_.heads;
+  // The fused kernel's softmax is float32 whatever the dtype, which is all upcast_softmax asks for.
+  if (small_head_attention_fits(q, k, v, heads))
+    return small_head_attention(q, k, v, heads, scale_, options_.upcast_attention);
+  const at::Tensor qh = head_to_batch_dim(q, heads), kh = head_to_batch_dim(k, heads), vh = head_to_batch_dim(v, heads);
+  const at::Tensor out = memory_efficient_
+                             ? tiled_attention(qh, kh, vh, scale_, options_.upcast_attention)
+                             : scaled_attention(qh, kh, vh, scale_, options_.upcast_attention, options_.upcast_softmax);
+  return batch_to_head_dim(out, heads);
+}
+
 at::Tensor AttentionImpl::forward(const at::Tensor& hidden, const at::Tensor& context) {
   const at::Tensor residual = hidden;
   at::Tensor h = hidden;
@@ -176,13 +190,7 @@ at::Tensor AttentionImpl::forward(const at::Tensor& hidden, const at::Tensor& co
   const at::Tensor& kv_input = context.defined() ? context : h;
   at::Tensor k = to_k->forward(kv_input);
   at::Tensor v = to_v->forward(kv_input);
-
-  const int64_t heads = options_.heads;
-  const at::Tensor qh = head_to_batch_dim(q, heads), kh = head_to_batch_dim(k, heads), vh = head_to_batch_dim(v, heads);
-  at::Tensor out = memory_efficient_
-                       ? tiled_attention(qh, kh, vh, scale_, options_.upcast_attention)
-                       : scaled_attention(qh, kh, vh, scale_, options_.upcast_attention, options_.upcast_softmax);
-  out = to_out_proj_->forward(batch_to_head_dim(out, heads));  // to_out.1 is Dropout(0)
+  at::Tensor out = to_out_proj_->forward(attend(q, k, v));  // to_out.1 is Dropout(0)
 
   if (spatial) out = out.transpose(-1, -2).reshape({n, c, height, width});
   if (options_.residual_connection) out = out + residual;

@@ -119,6 +119,10 @@ class AttentionImpl : public torch::nn::Module {
   torch::nn::ModuleList to_out;  // [Linear, Dropout], as diffusers registers it
 
  private:
+  // The heads' attention: the fused kernel for heads of a few channels (models/small_head_attention.h), else the
+  // tiled or the plain path on [B*heads, L, d] slices.
+  at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) const;
+
   AttentionOptions options_;
   Linear to_out_proj_{nullptr};
   double scale_;

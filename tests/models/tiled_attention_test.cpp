@@ -8,6 +8,7 @@
 #include <cmath>
 #include <vector>
 
+#include "attention_test_util.h"
 #include "model_test_util.h"
 
 namespace sd::models {
@@ -18,19 +19,8 @@ at::Tensor plain_attention(const at::Tensor& q, const at::Tensor& k, const at::T
   return at::bmm(at::softmax(at::bmm(q, k.transpose(1, 2)) * scale, -1), v);
 }
 
-struct Grads {
-  at::Tensor out, dq, dk, dv;
-};
-
-// Output and input gradients of attention under a fixed weighting of the output.
-template <typename Fn>
-Grads run(const Fn& attention, const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& v0,
-          const at::Tensor& weight) {
-  at::Tensor q = q0.detach().requires_grad_(), k = k0.detach().requires_grad_(), v = v0.detach().requires_grad_();
-  at::Tensor out = attention(q, k, v);
-  (out * weight).sum().backward();
-  return {out.detach(), q.grad(), k.grad(), v.grad()};
-}
+using Grads = sd::test::AttentionGrads;
+using sd::test::attention_grads;
 
 TEST(TiledAttention, GradientsMatchFiniteDifferencesInFloat64) {
   at::manual_seed(11);
@@ -39,8 +29,8 @@ TEST(TiledAttention, GradientsMatchFiniteDifferencesInFloat64) {
   const at::Tensor q = at::randn({slices, lq, d}, at::kDouble), k = at::randn({slices, lk, d}, at::kDouble),
                    v = at::randn({slices, lk, d}, at::kDouble), weight = at::randn({slices, lq, d}, at::kDouble);
   const double scale = 0.7;
-  const Grads tiled = run([&](auto& a, auto& b, auto& c) { return tiled_attention(a, b, c, scale, false, tile_rows); },
-                          q, k, v, weight);
+  const Grads tiled = attention_grads(
+      [&](auto& a, auto& b, auto& c) { return tiled_attention(a, b, c, scale, false, tile_rows); }, q, k, v, weight);
   auto loss = [&](const at::Tensor& qq, const at::Tensor& kk, const at::Tensor& vv) {
     torch::NoGradGuard no_grad;
     return (tiled_attention(qq, kk, vv, scale, false, tile_rows) * weight).sum().item<double>();
@@ -73,17 +63,15 @@ TEST(TiledAttention, EqualsPlainAutogradInFloat32WhateverTheThreadCount) {
   const at::Tensor q = at::randn({slices, lq, d}), k = at::randn({slices, lk, d}), v = at::randn({slices, lk, d}),
                    weight = at::randn({slices, lq, d});
   const double scale = 0.25;
-  const Grads plain = run([&](auto& a, auto& b, auto& c) { return plain_attention(a, b, c, scale); }, q, k, v, weight);
+  const Grads plain =
+      attention_grads([&](auto& a, auto& b, auto& c) { return plain_attention(a, b, c, scale); }, q, k, v, weight);
   const int threads = at::get_num_threads();
   for (int n : {1, 2, 3}) {
     at::set_num_threads(n);
-    const Grads tiled =
-        run([&](auto& a, auto& b, auto& c) { return tiled_attention(a, b, c, scale, false, 64); }, q, k, v, weight);
+    const Grads tiled = attention_grads(
+        [&](auto& a, auto& b, auto& c) { return tiled_attention(a, b, c, scale, false, 64); }, q, k, v, weight);
     // float32 with different summation orders (tiles, per-thread partial sums): a few ulps of the largest value.
-    EXPECT_TRUE(sd::test::close_rel_max(tiled.out, plain.out, 1e-5)) << n << " threads";
-    EXPECT_TRUE(sd::test::close_rel_max(tiled.dq, plain.dq, 1e-5)) << n << " threads";
-    EXPECT_TRUE(sd::test::close_rel_max(tiled.dk, plain.dk, 1e-5)) << n << " threads";
-    EXPECT_TRUE(sd::test::close_rel_max(tiled.dv, plain.dv, 1e-5)) << n << " threads";
+    EXPECT_TRUE(sd::test::grads_close(tiled, plain, 1e-5)) << n << " threads";
   }
   at::set_num_threads(threads);
 }
@@ -94,7 +82,7 @@ TEST(TiledAttention, RepeatedRunsAreBitIdentical) {
   const at::Tensor q = at::randn({4, 200, 8}), k = at::randn({4, 200, 8}), v = at::randn({4, 200, 8}),
                    weight = at::randn({4, 200, 8});
   auto tiled = [](auto& a, auto& b, auto& c) { return tiled_attention(a, b, c, 0.3, false, 48); };
-  const Grads first = run(tiled, q, k, v, weight), second = run(tiled, q, k, v, weight);
+  const Grads first = attention_grads(tiled, q, k, v, weight), second = attention_grads(tiled, q, k, v, weight);
   EXPECT_TRUE(at::equal(first.out, second.out));
   EXPECT_TRUE(at::equal(first.dq, second.dq));
   EXPECT_TRUE(at::equal(first.dk, second.dk));
@@ -120,12 +108,14 @@ TEST(TiledAttention, Bf16KeepsItsDtypeAndUpcastScoresAreCloser) {
   at::manual_seed(8);
   const at::Tensor q = at::randn({2, 64, 16}), k = at::randn({2, 48, 16}), v = at::randn({2, 48, 16}),
                    weight = at::randn({2, 64, 16});
-  const Grads reference = run([](auto& a, auto& b, auto& c) { return plain_attention(a, b, c, 0.25); },
-                              q.to(at::kDouble), k.to(at::kDouble), v.to(at::kDouble), weight.to(at::kDouble));
+  const Grads reference =
+      attention_grads([](auto& a, auto& b, auto& c) { return plain_attention(a, b, c, 0.25); }, q.to(at::kDouble),
+                      k.to(at::kDouble), v.to(at::kDouble), weight.to(at::kDouble));
   const at::Tensor qb = q.to(at::kBFloat16), kb = k.to(at::kBFloat16), vb = v.to(at::kBFloat16);
   for (bool upcast : {false, true}) {
-    const Grads bf16 = run([&](auto& a, auto& b, auto& c) { return tiled_attention(a, b, c, 0.25, upcast); }, qb, kb,
-                           vb, weight.to(at::kBFloat16));
+    const Grads bf16 =
+        attention_grads([&](auto& a, auto& b, auto& c) { return tiled_attention(a, b, c, 0.25, upcast); }, qb, kb, vb,
+                        weight.to(at::kBFloat16));
     EXPECT_EQ(bf16.out.scalar_type(), at::kBFloat16);
     EXPECT_EQ(bf16.dq.scalar_type(), at::kBFloat16);
     EXPECT_EQ(bf16.dk.scalar_type(), at::kBFloat16);

@@ -1,0 +1,248 @@
+#include "models/small_head_attention.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <cmath>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "attention_test_util.h"
+#include "model_test_util.h"
+#include "models/diffusers_blocks.h"
+
+namespace sd::models {
+namespace {
+
+// [B, L, heads*d] <-> [B*heads, L, d]
+at::Tensor split_heads(const at::Tensor& x, int64_t heads) {
+  const int64_t b = x.size(0), l = x.size(1), d = x.size(2) / heads;
+  return x.reshape({b, l, heads, d}).permute({0, 2, 1, 3}).reshape({b * heads, l, d});
+}
+at::Tensor merge_heads(const at::Tensor& x, int64_t heads) {
+  const int64_t bh = x.size(0), l = x.size(1), d = x.size(2);
+  return x.reshape({bh / heads, heads, l, d}).permute({0, 2, 1, 3}).reshape({bh / heads, l, heads * d});
+}
+
+// diffusers' AttnProcessor on the same projections: the path the fused kernel replaces.
+at::Tensor reference_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads,
+                               double scale, bool upcast_attention) {
+  return merge_heads(
+      scaled_attention(split_heads(q, heads), split_heads(k, heads), split_heads(v, heads), scale, upcast_attention,
+                       /*upcast_softmax=*/false),
+      heads);
+}
+
+using Grads = sd::test::AttentionGrads;
+using sd::test::attention_grads;
+
+struct Case {
+  int64_t batch, heads, lq, lk, d;
+};
+
+// tiny-sd1's self- and cross-attention (8 heads of 4 over 256 tokens, 8 of 8 against 77 text tokens), keys fewer
+// than a vector and not a multiple of one, heads of 1, 6 and 16 channels.
+const std::vector<Case> kCases = {
+    {2, 8, 256, 256, 4}, {2, 8, 64, 77, 8}, {1, 3, 5, 3, 16}, {3, 2, 17, 9, 1}, {1, 1, 40, 13, 6}};
+
+::testing::Message describe(const Case& c) {
+  return ::testing::Message() << "batch " << c.batch << ", " << c.heads << " heads, " << c.lq << " x " << c.lk
+                              << " tokens, d " << c.d;
+}
+
+struct Inputs {
+  at::Tensor q, k, v, weight;
+};
+
+Inputs random_inputs(const Case& c, at::ScalarType dtype) {
+  return {at::randn({c.batch, c.lq, c.heads * c.d}).to(dtype), at::randn({c.batch, c.lk, c.heads * c.d}).to(dtype),
+          at::randn({c.batch, c.lk, c.heads * c.d}).to(dtype), at::randn({c.batch, c.lq, c.heads * c.d}).to(dtype)};
+}
+
+TEST(SmallHeadAttention, GradientsMatchFiniteDifferences) {
+  at::manual_seed(3);
+  const Case c{2, 2, 7, 11, 3};
+  const Inputs in = random_inputs(c, at::kFloat);
+  const double scale = 0.6;
+  auto fused = [&](auto& q, auto& k, auto& v) { return small_head_attention(q, k, v, c.heads, scale, false); };
+  const Grads analytic = attention_grads(fused, in.q, in.k, in.v, in.weight);
+  auto loss = [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+    torch::NoGradGuard no_grad;
+    return (fused(q, k, v).to(at::kDouble) * in.weight.to(at::kDouble)).sum().item<double>();
+  };
+  // Central differences on every element; the kernel computes in float32, so h trades truncation (~h²) against
+  // rounding (~1e-7 · |loss| / h).
+  const double h = 1e-2;
+  const std::vector<std::pair<at::Tensor, at::Tensor>> wrt = {
+      {in.q, analytic.dq}, {in.k, analytic.dk}, {in.v, analytic.dv}};
+  for (size_t w = 0; w < wrt.size(); ++w) {
+    at::Tensor x = wrt[w].first.clone(), numeric = at::zeros_like(x);
+    auto flat = x.view(-1);
+    for (int64_t i = 0; i < flat.numel(); ++i) {
+      const float orig = flat[i].item<float>();
+      auto at_value = [&](double value) {
+        flat[i].fill_(value);
+        return loss(w == 0 ? x : in.q, w == 1 ? x : in.k, w == 2 ? x : in.v);
+      };
+      numeric.view(-1)[i].fill_((at_value(orig + h) - at_value(orig - h)) / (2 * h));
+      flat[i].fill_(orig);
+    }
+    EXPECT_TRUE(sd::test::close_rel_max(wrt[w].second, numeric, 2e-3)) << "input " << w;
+  }
+}
+
+TEST(SmallHeadAttention, EqualsDiffusersPathInFloat32WhateverTheThreadCount) {
+  const int threads = at::get_num_threads();
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(describe(c));
+    at::manual_seed(c.lq + c.d);
+    const Inputs in = random_inputs(c, at::kFloat);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.d));
+    const Grads reference =
+        attention_grads([&](auto& q, auto& k, auto& v) { return reference_attention(q, k, v, c.heads, scale, false); },
+                        in.q, in.k, in.v, in.weight);
+    for (int n : {1, 2, 3}) {
+      at::set_num_threads(n);
+      const Grads fused = attention_grads(
+          [&](auto& q, auto& k, auto& v) { return small_head_attention(q, k, v, c.heads, scale, false); }, in.q, in.k,
+          in.v, in.weight);
+      // Different summation orders and a polynomial exp (≤ 2 ulp): a few ulps of the largest value.
+      EXPECT_TRUE(sd::test::grads_close(fused, reference, 1e-5)) << n << " threads";
+    }
+  }
+  at::set_num_threads(threads);
+}
+
+// bf16 rounds where diffusers' bf16 path rounds in the forward pass (scores, probabilities, output), so the outputs
+// agree to a bf16 step or two (a score or probability near a rounding boundary can round the other way); the backward
+// pass keeps float32 until it writes, so its gradients are at least as close to the float64 truth as the reference's.
+TEST(SmallHeadAttention, Bf16RoundsLikeDiffusersForwardAndBackwardIsNoWorse) {
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(describe(c));
+    at::manual_seed(c.lk + c.d);
+    const Inputs in = random_inputs(c, at::kBFloat16);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.d));
+    for (bool upcast : {false, true}) {
+      SCOPED_TRACE(upcast ? "upcast_attention" : "bf16 scores");
+      const Grads truth = attention_grads(
+          [&](auto& q, auto& k, auto& v) { return reference_attention(q, k, v, c.heads, scale, upcast); },
+          in.q.to(at::kDouble), in.k.to(at::kDouble), in.v.to(at::kDouble), in.weight.to(at::kDouble));
+      const Grads reference = attention_grads(
+          [&](auto& q, auto& k, auto& v) { return reference_attention(q, k, v, c.heads, scale, upcast); }, in.q, in.k,
+          in.v, in.weight);
+      const Grads fused = attention_grads(
+          [&](auto& q, auto& k, auto& v) { return small_head_attention(q, k, v, c.heads, scale, upcast); }, in.q, in.k,
+          in.v, in.weight);
+      EXPECT_EQ(fused.out.scalar_type(), at::kBFloat16);
+      EXPECT_EQ(fused.dq.scalar_type(), at::kBFloat16);
+      EXPECT_TRUE(sd::test::close_rel_max(fused.out, reference.out, 1.0 / 64));
+      const std::vector<std::pair<at::Tensor, at::Tensor>> grads = {
+          {fused.dq, reference.dq}, {fused.dk, reference.dk}, {fused.dv, reference.dv}};
+      const std::vector<at::Tensor> true_grads = {truth.dq, truth.dk, truth.dv};
+      for (size_t g = 0; g < grads.size(); ++g)
+        EXPECT_LE(sd::test::rel_l2(grads[g].first, true_grads[g]),
+                  1.05 * sd::test::rel_l2(grads[g].second, true_grads[g]) + 1e-3)
+            << "gradient " << g;
+    }
+  }
+}
+
+TEST(SmallHeadAttention, ReadsStridedInputsAndRepeatsBitForBit) {
+  at::manual_seed(4);
+  const Case c{2, 8, 50, 30, 4};
+  const Inputs in = random_inputs(c, at::kBFloat16);
+  auto fused = [&](auto& q, auto& k, auto& v) { return small_head_attention(q, k, v, c.heads, 0.5, false); };
+  const Grads first = attention_grads(fused, in.q, in.k, in.v, in.weight),
+              second = attention_grads(fused, in.q, in.k, in.v, in.weight);
+  EXPECT_TRUE(at::equal(first.out, second.out));
+  EXPECT_TRUE(at::equal(first.dq, second.dq));
+  EXPECT_TRUE(at::equal(first.dk, second.dk));
+  EXPECT_TRUE(at::equal(first.dv, second.dv));
+  // k as a non-contiguous view of the same numbers.
+  const at::Tensor k_strided = in.k.transpose(0, 1).contiguous().transpose(0, 1);
+  ASSERT_FALSE(k_strided.is_contiguous());
+  EXPECT_TRUE(at::equal(fused(in.q, k_strided, in.v), first.out));
+}
+
+// A NaN reaches the outputs it touches, as in the reference, so a diverging run is noticed rather than hidden.
+TEST(SmallHeadAttention, NanReachesTheRowsItTouches) {
+  at::manual_seed(2);
+  const Case c{1, 2, 6, 9, 4};
+  const Inputs in = random_inputs(c, at::kFloat);
+  at::Tensor q = in.q.clone();
+  q[0][3][1] = NAN;  // query 3 of head 0
+  const at::Tensor out = small_head_attention(q, in.k, in.v, c.heads, 0.5, false);
+  const at::Tensor nan_rows = out.isnan().any(-1)[0];
+  EXPECT_TRUE(at::equal(nan_rows, at::arange(6).eq(3))) << nan_rows;
+  EXPECT_TRUE(out[0][3].slice(0, 0, 4).isnan().all().item<bool>());   // head 0's channels
+  EXPECT_FALSE(out[0][3].slice(0, 4, 8).isnan().any().item<bool>());  // head 1's
+  at::Tensor k = in.k.clone();
+  k[0][5][6] = NAN;  // key 5 of head 1: every query of head 1
+  const at::Tensor out_k = small_head_attention(in.q, k, in.v, c.heads, 0.5, false);
+  EXPECT_TRUE(out_k.slice(2, 4, 8).isnan().all().item<bool>());
+  EXPECT_FALSE(out_k.slice(2, 0, 4).isnan().any().item<bool>());
+}
+
+TEST(SmallHeadAttention, FitsOnlyWhatItComputes) {
+  const at::Tensor x = at::randn({1, 6, 32});
+  EXPECT_TRUE(small_head_attention_fits(x, x, x, 8));   // 4 channels per head
+  EXPECT_TRUE(small_head_attention_fits(x, x, x, 2));   // 16
+  EXPECT_FALSE(small_head_attention_fits(x, x, x, 1));  // 32: the GEMM paths' work
+  EXPECT_FALSE(small_head_attention_fits(x, x, x, 5));  // heads do not divide the channels
+  EXPECT_FALSE(small_head_attention_fits(x.to(at::kDouble), x.to(at::kDouble), x.to(at::kDouble), 8));
+  EXPECT_FALSE(small_head_attention_fits(x, x.to(at::kBFloat16), x, 8));  // mixed dtypes
+  EXPECT_FALSE(small_head_attention_fits(x.view({6, 32}), x, x, 8));      // not [B, L, C]
+  const std::string message = sd::test::error_message([&] {
+    small_head_attention(x, at::randn({1, 5, 32}), x, 8, 0.5, false);
+  });
+  EXPECT_NE(message.find("expected q [B, Lq, C], k and v [B, Lk, C]"), std::string::npos) << message;
+  EXPECT_THROW(small_head_attention(x, x, at::randn({1, 6, 64}), 8, 0.5, false), Error);  // v wider than k
+  EXPECT_NE(sd::test::error_message([&] { small_head_attention(x, x, x, 1, 0.5, false); }).find("at most 16 channels"),
+            std::string::npos);
+}
+
+// Whether `name` is a node of the autograd graph that produced `out`.
+bool graph_has_node(const at::Tensor& out, const std::string& name) {
+  std::vector<std::shared_ptr<torch::autograd::Node>> pending{out.grad_fn()};
+  std::set<const torch::autograd::Node*> seen;
+  while (!pending.empty()) {
+    const std::shared_ptr<torch::autograd::Node> node = pending.back();
+    pending.pop_back();
+    if (!node || !seen.insert(node.get()).second) continue;
+    if (node->name().find(name) != std::string::npos) return true;
+    for (const auto& edge : node->next_edges()) pending.push_back(edge.function);
+  }
+  return false;
+}
+
+// The Attention module takes the fused kernel for heads of up to 16 channels, and gives diffusers' numbers.
+TEST(SmallHeadAttention, AttentionModuleTakesItForSmallHeadsOnly) {
+  for (const int64_t dim_head : {4, 40}) {
+    SCOPED_TRACE(dim_head);
+    at::manual_seed(9);
+    AttentionOptions o;
+    o.query_dim = 32;
+    o.heads = 8;
+    o.dim_head = dim_head;
+    o.cross_attention_dim = 24;
+    Attention attention(o);
+    const at::Tensor hidden = at::randn({2, 32, 4, 5}), context = at::randn({2, 7, 24});
+    const at::Tensor out = attention->forward(hidden, context);
+    EXPECT_EQ(graph_has_node(out, "SmallHeadAttention"), dim_head == 4);
+    const at::Tensor h = hidden.flatten(2).transpose(1, 2);
+    const at::Tensor heads_out =
+        reference_attention(attention->to_q->forward(h), attention->to_k->forward(context),
+                            attention->to_v->forward(context), 8, 1.0 / std::sqrt(dim_head), false);
+    const at::Tensor expected =
+        attention->to_out[0]->as<LinearImpl>()->forward(heads_out).transpose(1, 2).reshape({2, 32, 4, 5});
+    EXPECT_TRUE(sd::test::close_rel_max(out, expected, 1e-5));
+  }
+}
+
+}  // namespace
+}  // namespace sd::models
