@@ -251,7 +251,7 @@ struct Tensors {
   const T *q, *k, *v;
 };
 
-// A slice's keys and values, transposed to [D][n] float32.
+// A slice's keys and values, transposed to [D][stride] float32.
 struct KeysAndValues {
   std::vector<float> kt, vt;
   template <int D, typename T>

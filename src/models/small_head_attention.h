@@ -1,8 +1,9 @@
 // Attention for heads of a few channels (tiny-sd1 has 4 and 8), fused into one pass per query row: the row's scores,
 // its softmax and its output stay in a cache-resident buffer, and forward and backward are one autograd node each.
 // LibTorch's path for such heads is ~20 ops per attention (head reshapes, copies, baddbmm, softmax, bmm and their
-// backwards), each writing or reading the whole [B*heads, Lq, Lk] score matrix for only 4-8 multiply-adds per score:
-// measured in isolation (2 threads, bf16, batch 2, 8 heads of 4), 1.7 ms forward + backward for 256 x 256 tokens.
+// backwards), each writing or reading the whole [B*heads, Lq, Lk] score matrix for only 4-8 multiply-adds per score.
+// bench_attention, 2 threads, batch 2 x 8 heads of 4 over 256 tokens, forward + backward: 1.96 ms plain, 1.39 fused
+// in bf16; 3.61 and 1.63 ms in float32 (docs/benchmarks.md, ninth sitting).
 //
 // The numbers follow diffusers' AttnProcessor: scores rounded to the inputs' dtype (unless upcast_attention), the
 // softmax in float32 (max, exponentials, times the reciprocal of their sum), the probabilities rounded to v's dtype
