@@ -111,7 +111,8 @@ class AttentionImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& hidden, const at::Tensor& context = {});
   // Training too runs the tiled attention (models/tiled_attention.h): no probabilities kept for backward (512 MiB
   // per SD-1.5 self-attention at 512² and batch 1), at the cost of a slower backward (diffusers'
-  // enable_xformers_memory_efficient_attention, in effect).
+  // enable_xformers_memory_efficient_attention, in effect). Heads of up to 16 channels take the fused kernel either
+  // way, which keeps no probabilities either.
   void set_memory_efficient(bool enabled) { memory_efficient_ = enabled; }
 
   torch::nn::GroupNorm group_norm{nullptr};
