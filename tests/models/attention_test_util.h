@@ -22,6 +22,29 @@ AttentionGrads attention_grads(const Fn& attention, const at::Tensor& q0, const 
   return {out.detach(), q.grad(), k.grad(), v.grad()};
 }
 
+// The gradients of loss(q, k, v) in q, k and v by central differences on every element, step h.
+template <typename Loss>
+AttentionGrads numeric_attention_grads(const Loss& loss, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                       double h) {
+  AttentionGrads numeric;
+  at::Tensor* grads[] = {&numeric.dq, &numeric.dk, &numeric.dv};
+  for (int w = 0; w < 3; ++w) {
+    at::Tensor x = (w == 0 ? q : w == 1 ? k : v).clone(), numeric_x = at::zeros_like(x, at::kDouble);
+    auto flat = x.view(-1);
+    for (int64_t i = 0; i < flat.numel(); ++i) {
+      const double orig = flat[i].item<double>();
+      auto at_value = [&](double value) {
+        flat[i].fill_(value);
+        return loss(w == 0 ? x : q, w == 1 ? x : k, w == 2 ? x : v);
+      };
+      numeric_x.view(-1)[i].fill_((at_value(orig + h) - at_value(orig - h)) / (2 * h));
+      flat[i].fill_(orig);
+    }
+    *grads[w] = numeric_x;
+  }
+  return numeric;
+}
+
 // close_rel_max for the output and each gradient.
 inline ::testing::AssertionResult grads_close(const AttentionGrads& actual, const AttentionGrads& expected,
                                               double tol) {

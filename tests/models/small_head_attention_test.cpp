@@ -75,25 +75,11 @@ TEST(SmallHeadAttention, GradientsMatchFiniteDifferences) {
     torch::NoGradGuard no_grad;
     return (fused(q, k, v).to(at::kDouble) * in.weight.to(at::kDouble)).sum().item<double>();
   };
-  // Central differences on every element; the kernel computes in float32, so h trades truncation (~h²) against
-  // rounding (~1e-7 · |loss| / h).
-  const double h = 1e-2;
-  const std::vector<std::pair<at::Tensor, at::Tensor>> wrt = {
-      {in.q, analytic.dq}, {in.k, analytic.dk}, {in.v, analytic.dv}};
-  for (size_t w = 0; w < wrt.size(); ++w) {
-    at::Tensor x = wrt[w].first.clone(), numeric = at::zeros_like(x);
-    auto flat = x.view(-1);
-    for (int64_t i = 0; i < flat.numel(); ++i) {
-      const float orig = flat[i].item<float>();
-      auto at_value = [&](double value) {
-        flat[i].fill_(value);
-        return loss(w == 0 ? x : in.q, w == 1 ? x : in.k, w == 2 ? x : in.v);
-      };
-      numeric.view(-1)[i].fill_((at_value(orig + h) - at_value(orig - h)) / (2 * h));
-      flat[i].fill_(orig);
-    }
-    EXPECT_TRUE(sd::test::close_rel_max(wrt[w].second, numeric, 2e-3)) << "input " << w;
-  }
+  // The kernel computes in float32, so the step trades truncation (~h²) against rounding (~1e-7 · |loss| / h).
+  const Grads numeric = sd::test::numeric_attention_grads(loss, in.q, in.k, in.v, /*h=*/1e-2);
+  EXPECT_TRUE(sd::test::close_rel_max(analytic.dq, numeric.dq, 2e-3));
+  EXPECT_TRUE(sd::test::close_rel_max(analytic.dk, numeric.dk, 2e-3));
+  EXPECT_TRUE(sd::test::close_rel_max(analytic.dv, numeric.dv, 2e-3));
 }
 
 TEST(SmallHeadAttention, EqualsDiffusersPathInFloat32WhateverTheThreadCount) {

@@ -35,26 +35,11 @@ TEST(TiledAttention, GradientsMatchFiniteDifferencesInFloat64) {
     torch::NoGradGuard no_grad;
     return (tiled_attention(qq, kk, vv, scale, false, tile_rows) * weight).sum().item<double>();
   };
-  // Central differences on every element of q, k and v (float64: truncation ~h², rounding ~1e-16/h).
-  const double h = 1e-6;
-  const std::vector<std::pair<at::Tensor, at::Tensor>> wrt = {{q, tiled.dq}, {k, tiled.dk}, {v, tiled.dv}};
-  for (size_t w = 0; w < wrt.size(); ++w) {
-    at::Tensor x = wrt[w].first.clone(), numeric = at::zeros_like(x);
-    auto flat = x.view(-1);
-    for (int64_t i = 0; i < flat.numel(); ++i) {
-      const double orig = flat[i].item<double>();
-      auto at_value = [&](double value) {
-        flat[i].fill_(value);
-        const at::Tensor& qq = w == 0 ? x : q;
-        const at::Tensor& kk = w == 1 ? x : k;
-        const at::Tensor& vv = w == 2 ? x : v;
-        return loss(qq, kk, vv);
-      };
-      numeric.view(-1)[i].fill_((at_value(orig + h) - at_value(orig - h)) / (2 * h));
-      flat[i].fill_(orig);
-    }
-    EXPECT_TRUE(sd::test::close_rel_max(wrt[w].second, numeric, 1e-7)) << "input " << w;
-  }
+  // float64: truncation ~h², rounding ~1e-16/h.
+  const Grads numeric = sd::test::numeric_attention_grads(loss, q, k, v, /*h=*/1e-6);
+  EXPECT_TRUE(sd::test::close_rel_max(tiled.dq, numeric.dq, 1e-7));
+  EXPECT_TRUE(sd::test::close_rel_max(tiled.dk, numeric.dk, 1e-7));
+  EXPECT_TRUE(sd::test::close_rel_max(tiled.dv, numeric.dv, 1e-7));
 }
 
 TEST(TiledAttention, EqualsPlainAutogradInFloat32WhateverTheThreadCount) {
