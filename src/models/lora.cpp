@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "models/conv2d.h"
+#include "models/linear.h"
 
 namespace sd::models {
 
@@ -56,8 +57,10 @@ at::Tensor LoraHost::add_adapter_outputs(const at::Tensor& x, const at::Tensor& 
   return out;
 }
 
+at::Tensor LinearImpl::forward(const at::Tensor& x) { return add_adapter_outputs(x, models::linear(x, weight, bias)); }
+
 at::Tensor LinearImpl::low_rank_output(const at::Tensor& x, const at::Tensor& down, const at::Tensor& up) const {
-  return at::linear(at::linear(x, down), up);
+  return models::linear(models::linear(x, down, {}), up, {});
 }
 
 at::Tensor Conv2dImpl::forward(const at::Tensor& x) {

@@ -57,8 +57,8 @@ class LoraHost {
 class LinearImpl : public torch::nn::LinearImpl, public LoraHost {
  public:
   using torch::nn::LinearImpl::LinearImpl;
-  // x: [..., in] -> [..., out]
-  at::Tensor forward(const at::Tensor& x) { return add_adapter_outputs(x, torch::nn::LinearImpl::forward(x)); }
+  // x: [..., in] -> [..., out] (models/linear.h)
+  at::Tensor forward(const at::Tensor& x);
   at::IntArrayRef base_weight_shape() const override { return weight.sizes(); }
 
  private:

@@ -1,0 +1,21 @@
+// bf16 matrix products through oneDNN matmul primitives that are built once per shape and kept.
+//
+// LibTorch 1.13 runs a bf16 at::mm on CPU through ideep, which describes, looks up and wraps a oneDNN primitive on
+// every call: 15-40 µs of overhead per product. On SD-1.5's GEMMs that is noise, but tiny-sd1's are a few µs of
+// arithmetic each (e.g. [512, 64] x [64, 64]) and a textual-inversion step runs hundreds of them. Executing a kept
+// primitive costs a few µs; the arithmetic is oneDNN's own either way, so the products are bit-identical to at::mm's.
+#pragma once
+#include <ATen/ATen.h>
+
+namespace sd {
+
+// Whether onednn_matmul takes these operands: 2-D bf16 CPU tensors a [M, K] and b [K, N], each row-major or
+// column-major (a transposed view), with M·K·N above 16³, on a CPU that runs bf16 in oneDNN: the products at::mm
+// itself runs in oneDNN.
+bool onednn_matmul_fits(const at::Tensor& a, const at::Tensor& b);
+
+// a·b, plus `bias` [N] (or undefined) on every row, summed in float32 and rounded to bf16 once, as at::addmm does.
+// The operands must fit (onednn_matmul_fits); the result is a new contiguous [M, N] tensor.
+at::Tensor onednn_matmul(const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias = {});
+
+}  // namespace sd

@@ -1,0 +1,92 @@
+#include "models/linear.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "core/cpu_features.h"
+
+namespace sd::models {
+namespace {
+
+struct Grads {
+  at::Tensor y, dx, dw, db;
+};
+
+// y and the gradients of Σ y·g (a fixed random g) for x, weight and bias, each only where it requires one.
+template <class Linear>
+Grads run(Linear linear_fn, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+          const at::Tensor& g) {
+  const at::Tensor y = linear_fn(x, weight, bias);
+  (y * g).sum().backward();
+  Grads r{y.detach(), x.grad(), weight.grad(), bias.defined() ? bias.grad() : at::Tensor()};
+  for (const at::Tensor& t : {x, weight, bias})
+    if (t.defined() && t.grad().defined()) t.mutable_grad().reset();
+  return r;
+}
+
+at::Tensor leaf(at::IntArrayRef sizes, bool requires_grad) {
+  return at::randn(sizes).to(at::kBFloat16).set_requires_grad(requires_grad);
+}
+
+void expect_same(const at::Tensor& got, const at::Tensor& want, const char* what) {
+  ASSERT_EQ(got.defined(), want.defined()) << what;
+  if (!want.defined()) return;
+  EXPECT_EQ(got.sizes(), want.sizes()) << what;
+  EXPECT_TRUE(at::equal(got, want)) << what << ": max difference "
+                                    << (got.to(at::kFloat) - want.to(at::kFloat)).abs().max().item<float>();
+}
+
+struct Case {
+  std::vector<int64_t> x_sizes;
+  int64_t out;
+  bool bias, weight_grad;
+};
+
+class LinearTest : public ::testing::TestWithParam<Case> {};
+
+// bf16 output and gradients agree with at::linear's to the bit (the same oneDNN products and bias sum), and a
+// frozen weight gets no gradient.
+TEST_P(LinearTest, MatchesAtenLinearInBf16) {
+  const Case c = GetParam();
+  at::manual_seed(c.out + static_cast<int64_t>(c.x_sizes.size()));
+  const at::Tensor x = leaf(c.x_sizes, true), weight = leaf({c.out, c.x_sizes.back()}, c.weight_grad);
+  const at::Tensor bias = c.bias ? leaf({c.out}, c.weight_grad) : at::Tensor();
+  std::vector<int64_t> y_sizes = c.x_sizes;
+  y_sizes.back() = c.out;
+  const at::Tensor g = at::randn(y_sizes).to(at::kBFloat16);
+
+  const Grads want = run([](auto&&... a) { return at::linear(a...); }, x, weight, bias, g);
+  const Grads got = run([](auto&&... a) { return models::linear(a...); }, x, weight, bias, g);
+  expect_same(got.y, want.y, "y");
+  expect_same(got.dx, want.dx, "dx");
+  expect_same(got.dw, want.dw, "dweight");
+  expect_same(got.db, want.db, "dbias");
+  EXPECT_EQ(got.dw.defined(), c.weight_grad);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, LinearTest,
+                         ::testing::Values(Case{{2, 64, 32}, 96, true, true}, Case{{2, 64, 32}, 96, false, false},
+                                           Case{{128, 40}, 24, true, false}, Case{{5}, 3, true, true},
+                                           Case{{2, 3, 7, 16}, 1, false, true}));
+
+TEST(Linear, NonContiguousInputMatchesAtenLinear) {
+  at::manual_seed(3);
+  const at::Tensor x = at::randn({16, 2, 24}).to(at::kBFloat16).transpose(0, 1);  // [2, 16, 24], rows not adjacent
+  const at::Tensor weight = at::randn({8, 24}).to(at::kBFloat16), bias = at::randn({8}).to(at::kBFloat16);
+  EXPECT_TRUE(at::equal(models::linear(x, weight, bias), at::linear(x, weight, bias)));
+}
+
+TEST(Linear, OtherDtypesTakeAtenLinear) {
+  at::manual_seed(4);
+  const at::Tensor x = at::randn({3, 10}), weight = at::randn({4, 10}), bias = at::randn({4});
+  EXPECT_TRUE(at::equal(models::linear(x, weight, bias), at::linear(x, weight, bias)));
+}
+
+TEST(Linear, MismatchedShapesFailAsAtenLinearDoes) {
+  const at::Tensor x = at::randn({3, 10}).to(at::kBFloat16), weight = at::randn({4, 10}).to(at::kBFloat16);
+  EXPECT_THROW(models::linear(x, weight, at::randn({5}).to(at::kBFloat16)), c10::Error);
+  EXPECT_THROW(models::linear(x, at::randn({4, 9}).to(at::kBFloat16), {}), c10::Error);
+}
+
+}  // namespace
+}  // namespace sd::models
