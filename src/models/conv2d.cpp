@@ -2,6 +2,7 @@
 
 #include <torch/autograd.h>
 
+#include "core/onednn_matmul.h"
 #include "models/im2col.h"
 
 namespace sd::models {
@@ -26,16 +27,22 @@ at::Tensor affine(const at::Tensor& w, const at::Tensor& x, const at::Tensor& bi
   return bias.defined() ? at::addmm(bias.unsqueeze(1), w, x) : at::mm(w, x);
 }
 
-// affine() with w and bias frozen: the backward computes only x's gradient, as wᵀ·dY from the contiguous wᵀ.
+// affine() with w and bias frozen: the backward computes only x's gradient, as wᵀ·dY from the contiguous wᵀ. Being
+// outside autograd, both products can run in oneDNN primitives kept per shape (core/onednn_matmul.h), which spares
+// at::mm's per-call overhead on the many small GEMMs of tiny models. oneDNN adds a bias per output column only, so
+// the forward computes the transpose, (xᵀ·wᵀ + bias)ᵀ: the same dot products, rounded once with the bias.
 struct FrozenGemm : torch::autograd::Function<FrozenGemm> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
                             const at::Tensor& bias, const at::Tensor& w_t) {
     ctx->saved_data["w_t"] = w_t;
+    if (onednn_matmul_fits(x.t(), w.t())) return onednn_matmul(x.t(), w.t(), bias).t();
     return affine(w, x, bias);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  const torch::autograd::variable_list& grads) {
-    return {at::mm(ctx->saved_data["w_t"].toTensor(), grads[0]), at::Tensor(), at::Tensor(), at::Tensor()};
+    const at::Tensor w_t = ctx->saved_data["w_t"].toTensor(), &dy = grads[0];
+    const at::Tensor dx = onednn_matmul_fits(w_t, dy) ? onednn_matmul(w_t, dy) : at::mm(w_t, dy);
+    return {dx, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
