@@ -1,5 +1,6 @@
 #include "core/onednn_matmul.h"
 
+#include <ATen/record_function.h>
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <array>
@@ -69,6 +70,8 @@ bool onednn_matmul_fits(const at::Tensor& a, const at::Tensor& b) {
 }
 
 at::Tensor onednn_matmul(const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias) {
+  // What at::mm would show the profiler (perf/op_profiler.h: the linear class and its FLOPs).
+  RECORD_USER_SCOPE_WITH_INPUTS("sdtrain::mm", std::vector<c10::IValue>({a, b}));
   const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
   const auto as = *matrix_strides(a), bs = *matrix_strides(b);
   const at::Tensor bias_bf16 = bias.defined() ? bias.to(at::kBFloat16).contiguous() : at::Tensor();

@@ -69,8 +69,8 @@ int64_t op_flops(const at::RecordFunction& fn) {
     return conv_flops(sizes(1), sizes(2), inputs[4].toIntVector(), inputs[5].toIntVector(), inputs[6].toIntVector()) *
            (int64_t{mask.get(0)} + int64_t{mask.get(1)});
   }
-  if ((name == "aten::mm" || name == "aten::addmm") && inputs.size() >= 2) {
-    const size_t a = name == "aten::mm" ? 0 : 1;
+  if ((name == "aten::mm" || name == "aten::addmm" || name == "sdtrain::mm") && inputs.size() >= 2) {
+    const size_t a = name == "aten::addmm" ? 1 : 0;
     return 2 * sizes(a)[0] * sizes(a)[1] * sizes(a + 1)[1];
   }
   if ((name == "aten::bmm" || name == "aten::baddbmm") && inputs.size() >= 2) {
@@ -144,8 +144,8 @@ OpClass classify_op(const std::string& name) {
   if (name == "sdtrain::attention" || name == "sdtrain::attention_backward") return OpClass::kAttention;
   if (contains(name, "conv") || contains(name, "Convolution")) return OpClass::kConv;
   if (contains(name, "bmm") || contains(name, "softmax") || contains(name, "Softmax")) return OpClass::kAttention;
-  if (name == "aten::mm" || name == "aten::addmm" || name == "aten::linear" || name == "aten::matmul" ||
-      contains(name, "MmBackward") || contains(name, "AddmmBackward"))
+  if (name == "aten::mm" || name == "aten::addmm" || name == "sdtrain::mm" || name == "aten::linear" ||
+      name == "aten::matmul" || contains(name, "MmBackward") || contains(name, "AddmmBackward"))
     return OpClass::kLinear;
   if (contains(name, "group_norm") || contains(name, "layer_norm") || contains(name, "GroupNorm") ||
       contains(name, "LayerNorm"))

@@ -23,7 +23,8 @@ OpClass classify_op(const std::string& name);
 // Marks a region of sdtrain's own code for the profiler (a RecordFunction user scope; free when no profiler runs).
 // The names are the classes: "sdtrain::optimizer", "sdtrain::communication", "sdtrain::data_wait", and
 // "sdtrain::attention" / "sdtrain::attention_backward" around models/tiled_attention.h, whose GEMMs run on every
-// thread (the scope's inputs q, k, v give its FLOPs; the GEMMs inside are not counted again).
+// thread (the scope's inputs q, k, v give its FLOPs; the GEMMs inside are not counted again), and "sdtrain::mm"
+// around core/onednn_matmul.h's products (linear, as at::mm).
 #define SD_PERF_SCOPE(name) RECORD_USER_SCOPE(name)
 
 struct OpProfile {
