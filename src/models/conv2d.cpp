@@ -32,11 +32,13 @@ at::Tensor affine(const at::Tensor& w, const at::Tensor& x, const at::Tensor& bi
 // at::mm's per-call overhead on the many small GEMMs of tiny models. oneDNN adds a bias per output column only, so
 // the forward computes the transpose, (xᵀ·wᵀ + bias)ᵀ: the same dot products, rounded once with the bias.
 struct FrozenGemm : torch::autograd::Function<FrozenGemm> {
+  // (An undefined tensor cannot be a Function's input, so a layer without bias passes none.)
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
-                            const at::Tensor& bias, const at::Tensor& w_t) {
+                            const c10::optional<at::Tensor>& bias, const at::Tensor& w_t) {
     ctx->saved_data["w_t"] = w_t;
-    if (onednn_matmul_fits(x.t(), w.t())) return onednn_matmul(x.t(), w.t(), bias).t();
-    return affine(w, x, bias);
+    const at::Tensor b = bias.value_or(at::Tensor());
+    if (onednn_matmul_fits(x.t(), w.t())) return onednn_matmul(x.t(), w.t(), b).t();
+    return affine(w, x, b);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  const torch::autograd::variable_list& grads) {
@@ -70,7 +72,9 @@ at::Tensor conv2d_as_gemm(const at::Tensor& x, const at::Tensor& weight, const a
   const at::Tensor flat = columns.transpose(0, 1).reshape({columns.size(1), n * oh * ow});  // a copy only if N > 1
   const at::Tensor w = weight.reshape({cout, -1});
   const at::Tensor out =  // [Cout, N·H'·W']
-      weight_t.defined() ? FrozenGemm::apply(flat, w, bias, weight_t) : affine(w, flat, bias);
+      weight_t.defined()
+          ? FrozenGemm::apply(flat, w, bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt, weight_t)
+          : affine(w, flat, bias);
   return out.view({cout, n, oh, ow}).transpose(0, 1).contiguous();
 }
 

@@ -1,8 +1,10 @@
 #include "models/conv2d.h"
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <utility>
 #include <vector>
 
 #include "model_test_util.h"
@@ -93,9 +95,10 @@ TEST(Conv2d, SmallMapsTakeTheGemmPathAndEverythingElseLibTorchs) {
 // Training through a frozen layer (textual inversion, LoRA): the input gradient comes from the weight's kept
 // transpose, equal to LibTorch's; the transpose is remade when the weight changes and never made for a trained one.
 TEST(Conv2d, FrozenLayerTakesTheInputGradientFromItsKeptTranspose) {
-  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
-    SCOPED_TRACE(c10::toString(dtype));
-    Conv2d conv(torch::nn::Conv2dOptions(6, 5, 3).padding(1));
+  for (const auto& [dtype, with_bias] : std::vector<std::pair<at::ScalarType, bool>>{
+           {at::kFloat, true}, {at::kBFloat16, true}, {at::kBFloat16, false}}) {
+    SCOPED_TRACE(fmt::format("{} bias {}", c10::toString(dtype), with_bias));
+    Conv2d conv(torch::nn::Conv2dOptions(6, 5, 3).padding(1).bias(with_bias));
     conv->to(dtype);
     for (auto& p : conv->parameters()) p.set_requires_grad(false);
     const at::Tensor x0 = at::randn({2, 6, 4, 4}).to(dtype), grad = at::randn({2, 5, 4, 4}).to(dtype);
@@ -124,14 +127,14 @@ TEST(Conv2d, FrozenLayerTakesTheInputGradientFromItsKeptTranspose) {
     conv->weight.set_data(at::randn_like(conv->weight));  // e.g. weights loaded anew
     EXPECT_TRUE(sd::test::close_rel_max(input_gradient(), reference_gradient(), tol));
 
-    Conv2d trained(torch::nn::Conv2dOptions(6, 5, 3).padding(1));
+    Conv2d trained(torch::nn::Conv2dOptions(6, 5, 3).padding(1).bias(with_bias));
     trained->to(dtype);
     trained->forward(x0.detach().requires_grad_(true)).sum().backward();
     EXPECT_EQ(trained->frozen_transpose_bytes(), 0);
     EXPECT_TRUE(trained->weight.grad().defined());
     // The frozen layer's products (oneDNN's, for bf16) are those of the trainable one's at::addmm, to the bit.
     trained->weight.set_data(conv->weight.detach().clone());
-    trained->bias.set_data(conv->bias.detach().clone());
+    if (with_bias) trained->bias.set_data(conv->bias.detach().clone());
     EXPECT_TRUE(
         at::equal(conv->forward(x0.detach().requires_grad_(true)), trained->forward(x0.detach().requires_grad_(true))));
   }
