@@ -387,13 +387,18 @@ class ProcessGroupCommunicator : public Communicator {
 
   // Waits for one collective; on failure or timeout finds out which rank is at fault and throws.
   void wait_work(const c10::intrusive_ptr<c10d::Work>& work, int64_t seq) {
+    const auto start = Clock::now();
     try {
       // Gloo enforces opts_.timeout itself; the extra margin only guards against a wait that never returns.
       work->wait(opts_.timeout + window_);
     } catch (const std::exception& e) {
       std::string cause = first_line(e);
       debug("rank {}: {} failed: {}", env_.rank, op_name(seq), cause);
-      fail_collective(seq, cause, looks_like_timeout(cause) || cause.find("Operation timed out") != std::string::npos);
+      // Gloo closes its connections when its own timeout fires, so a closure that ends a wait of about the whole
+      // timeout is most likely another waiting rank giving up at the same moment, not a peer that died.
+      const bool waited_out = Clock::now() - start >= opts_.timeout / 2;
+      fail_collective(seq, cause, looks_like_timeout(cause) || cause.find("Operation timed out") != std::string::npos,
+                      looks_like_closed(cause) && !waited_out);
     }
   }
 
@@ -424,12 +429,12 @@ class ProcessGroupCommunicator : public Communicator {
     try {
       return f();
     } catch (const std::exception& e) {
-      fail_collective(seq, first_line(e), false);
+      fail_collective(seq, first_line(e), false, looks_like_closed(first_line(e)));
     }
   }
 
-  [[noreturn]] void fail_collective(int64_t seq, const std::string& cause, bool timed_out) {
-    std::string message = diagnose(op_name(seq), seq, cause, timed_out);
+  [[noreturn]] void fail_collective(int64_t seq, const std::string& cause, bool timed_out, bool peer_closed) {
+    std::string message = diagnose(op_name(seq), seq, cause, timed_out, peer_closed);
     debug("rank {}: diagnosis: {}", env_.rank, message);
     {
       std::lock_guard<std::mutex> lock(ops_mutex_);
@@ -510,7 +515,7 @@ class ProcessGroupCommunicator : public Communicator {
       shm_->exchange(out.data_ptr(), out.nbytes(), in.nbytes(), land, opts_.timeout);
     } catch (const std::exception& e) {
       const std::string cause = first_line(e);
-      fail_collective(seq, cause, looks_like_timeout(cause));
+      fail_collective(seq, cause, looks_like_timeout(cause), looks_like_closed(cause));
     }
   }
 
@@ -681,7 +686,7 @@ class ProcessGroupCommunicator : public Communicator {
       throw;
     } catch (const std::exception& e) {
       std::string cause = first_line(e);
-      std::string diagnosis = diagnose(op_name(seq), seq, cause, looks_like_timeout(cause));
+      std::string diagnosis = diagnose(op_name(seq), seq, cause, looks_like_timeout(cause), looks_like_closed(cause));
       fail("{} (rank {}'s data-plane address: {}; choose the interface with --dist_iface or GLOO_SOCKET_IFNAME)",
            diagnosis, env_.rank, address_);
     }
@@ -785,8 +790,9 @@ class ProcessGroupCommunicator : public Communicator {
 
   // Which rank is to blame for a failed collective: ranks that announced their exit, ranks whose heartbeat
   // stopped (dead or frozen), ranks alive but behind in collectives (stuck elsewhere). The first rank to finish
-  // this publishes its conclusion, and every rank reports that same line.
-  std::string diagnose(const std::string& op, int64_t seq, const std::string& cause, bool timed_out) {
+  // this publishes its conclusion, and every rank reports that same line. `peer_closed`: the cause is a connection
+  // a peer closed (so a silent rank died rather than froze).
+  std::string diagnose(const std::string& op, int64_t seq, const std::string& cause, bool timed_out, bool peer_closed) {
     failed_ = true;
     const int world = env_.world_size;
     std::vector<std::string> first_hb(world), last_hb(world), exits(world);
@@ -840,8 +846,7 @@ class ProcessGroupCommunicator : public Communicator {
         message = fmt::format("{} exited with an error during {} (see {} own message)", rank_list(exited_err), op,
                               exited_err.size() == 1 ? "its" : "their");
       } else if (!silent.empty()) {
-        std::string how =
-            looks_like_closed(cause) ? "connection closed" : fmt::format("no heartbeat for {}", seconds_text(window_));
+        std::string how = peer_closed ? "connection closed" : fmt::format("no heartbeat for {}", seconds_text(window_));
         message = fmt::format("{} lost ({}) during {}", rank_list(silent), how, op);
       } else if (!exited_ok.empty()) {
         message = fmt::format(
