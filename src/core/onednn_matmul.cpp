@@ -86,4 +86,8 @@ at::Tensor onednn_matmul(const at::Tensor& a, const at::Tensor& b, const at::Ten
   return c;
 }
 
+at::Tensor mm(const at::Tensor& a, const at::Tensor& b) {
+  return onednn_matmul_fits(a, b) ? onednn_matmul(a, b) : at::mm(a, b);
+}
+
 }  // namespace sd

@@ -18,4 +18,7 @@ bool onednn_matmul_fits(const at::Tensor& a, const at::Tensor& b);
 // The operands must fit (onednn_matmul_fits); the result is a new contiguous [M, N] tensor.
 at::Tensor onednn_matmul(const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias = {});
 
+// a·b through onednn_matmul where the operands fit, else at::mm: the same product either way.
+at::Tensor mm(const at::Tensor& a, const at::Tensor& b);
+
 }  // namespace sd

@@ -42,9 +42,7 @@ struct FrozenGemm : torch::autograd::Function<FrozenGemm> {
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  const torch::autograd::variable_list& grads) {
-    const at::Tensor w_t = ctx->saved_data["w_t"].toTensor(), &dy = grads[0];
-    const at::Tensor dx = onednn_matmul_fits(w_t, dy) ? onednn_matmul(w_t, dy) : at::mm(w_t, dy);
-    return {dx, at::Tensor(), at::Tensor(), at::Tensor()};
+    return {sd::mm(ctx->saved_data["w_t"].toTensor(), grads[0]), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 

@@ -11,12 +11,6 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// The 2-D product a·b through oneDNN when it takes the operands, else through at::mm (e.g. a gradient that
-// arrives with an odd layout).
-at::Tensor product(const at::Tensor& a, const at::Tensor& b) {
-  return onednn_matmul_fits(a, b) ? onednn_matmul(a, b) : at::mm(a, b);
-}
-
 // The gradients are those of at::linear's addmm: dx = dy·W, dW = dyᵀ·x, db = Σ_rows dy, each computed only when
 // its input takes a gradient (a frozen layer under textual inversion computes dx alone).
 struct OnednnLinear : torch::autograd::Function<OnednnLinear> {
@@ -31,8 +25,8 @@ struct OnednnLinear : torch::autograd::Function<OnednnLinear> {
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor &rows = saved[0], &weight = saved[1], &dy = grads[0];
     at::Tensor dx, dw, db;
-    if (ctx->needs_input_grad(0)) dx = product(dy, weight);
-    if (ctx->needs_input_grad(1)) dw = product(dy.t(), rows);
+    if (ctx->needs_input_grad(0)) dx = sd::mm(dy, weight);
+    if (ctx->needs_input_grad(1)) dw = sd::mm(dy.t(), rows);
     if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) db = dy.sum(0);
     return {dx, dw, db};
   }
