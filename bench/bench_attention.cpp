@@ -1,7 +1,7 @@
 // Attention at Stable Diffusion's shapes: the plain path (baddbmm, softmax, bmm, as diffusers' AttnProcessor) against
 // models/tiled_attention.h and, for heads of up to 16 channels, models/small_head_attention.h; forward alone and
 // forward + backward, with what each keeps for backward. One JSON line per case and path.
-//   bench_attention [--threads N] [--dtype float32|bf16]
+//   bench_attention [--threads N] [--dtype float32|bf16] [--cases SUBSTRING] [--path plain|tiled|small_head]
 #include <torch/csrc/autograd/autograd.h>
 
 #include <cstdio>
@@ -33,9 +33,12 @@ at::Tensor plain_attention(const at::Tensor& q, const at::Tensor& k, const at::T
 int main(int argc, char** argv) {
   int threads = 2;
   at::ScalarType dtype = at::kFloat;
+  std::string only_cases, only_path;  // empty: every case, every path
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--dtype")) dtype = sd::bench::dtype_from_name(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--cases")) only_cases = argv[i + 1];
+    if (!std::strcmp(argv[i], "--path")) only_path = argv[i + 1];
   }
   sd::set_compute_threads(threads);
   const std::vector<Case> cases = {
@@ -54,6 +57,7 @@ int main(int argc, char** argv) {
       {"tiny self 4x4", 16, 16, 16, 8},
   };
   for (const Case& c : cases) {
+    if (std::string(c.name).find(only_cases) == std::string::npos) continue;
     at::manual_seed(0);
     const double scale = 1.0 / std::sqrt(static_cast<double>(c.d));
     const at::Tensor q = at::randn({c.slices, c.lq, c.d}).to(dtype), k = at::randn({c.slices, c.lk, c.d}).to(dtype),
@@ -71,6 +75,7 @@ int main(int argc, char** argv) {
         return sd::models::small_head_attention(q, k, v, 1, s, false);
       });
     for (const auto& [path, fn] : paths) {
+      if (!only_path.empty() && path != only_path) continue;
       const auto forward = sd::bench::time_it(
           [&] {
             at::NoGradGuard no_grad;
@@ -84,10 +89,13 @@ int main(int argc, char** argv) {
             torch::autograd::backward({fn(qg, kg, vg, scale)}, {d_out});
           },
           1, 5);
-      // small_head keeps each query row's maximum and sum: 8 bytes per row.
-      const int64_t kept = path == "plain"        ? c.slices * c.lq * c.lk * static_cast<int64_t>(v.element_size())
-                           : path == "small_head" ? c.slices * c.lq * 8
-                                                  : 0;
+      // small_head keeps each query row's maximum and sum (8 bytes per row), and up to 2^22 float32 probabilities
+      // over the keys padded to whole vectors of 8.
+      const int64_t padded_scores = c.slices * c.lq * ((c.lk + 7) / 8 * 8);
+      const int64_t kept = path == "plain" ? c.slices * c.lq * c.lk * static_cast<int64_t>(v.element_size())
+                           : path == "small_head"
+                               ? c.slices * c.lq * 8 + (padded_scores <= (int64_t{1} << 22) ? 4 * padded_scores : 0)
+                               : 0;
       const nlohmann::json line = {{"case", c.name},
                                    {"path", path},
                                    {"dtype", c10::toString(dtype)},

@@ -130,9 +130,10 @@ SD_AVX2 SD_INLINE __m256 probabilities8(__m256 scores, const RowStats& stats, co
   return rounding.probabilities ? round_to_bf16(p) : p;
 }
 
-// out = softmax(scores) v for query row q_row; `buffer` holds n floats.
+// out = softmax(scores) v for query row q_row; `buffer` holds n floats. `kept` (n floats, or null) receives the
+// row's probabilities for backward.
 template <int D>
-SD_AVX2 RowStats forward_row(const RowContext& row, const float* q_row, float* buffer, float* out) {
+SD_AVX2 RowStats forward_row(const RowContext& row, const float* q_row, float* buffer, float* out, float* kept) {
   __m256 q[D];
   broadcast<D>(q_row, q);
   __m256 max = _mm256_set1_ps(-INFINITY);
@@ -157,6 +158,7 @@ SD_AVX2 RowStats forward_row(const RowContext& row, const float* q_row, float* b
   for (int64_t j = 0; j < row.n; j += kLanes) {
     __m256 p = _mm256_mul_ps(_mm256_loadu_ps(buffer + j), inverse_sum);
     if (row.rounding.probabilities) p = round_to_bf16(p);
+    if (kept) _mm256_storeu_ps(kept + j, p);
     SD_UNROLL_CHANNELS
     for (int c = 0; c < D; ++c) acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(row.vt + c * row.stride + j), acc[c]);
   }
@@ -165,25 +167,27 @@ SD_AVX2 RowStats forward_row(const RowContext& row, const float* q_row, float* b
 }
 
 // One query row's share of the backward pass: writes dq_row, adds to dkt and dvt ([channel][key] like kt and vt).
-// `probs` and `d_scores` hold n floats each.
+// `kept` holds the row's probabilities as forward kept them, or is null: then they are recomputed into `buffer`.
+// `buffer` and `d_scores` hold n floats each.
 template <int D>
 SD_AVX2 void backward_row(const RowContext& row, const RowStats& stats, const float* q_row, const float* d_out_row,
-                          float* probs, float* d_scores, float* dq_row, float* dkt, float* dvt) {
+                          const float* kept, float* buffer, float* d_scores, float* dq_row, float* dkt, float* dvt) {
   __m256 q[D], d_out[D];
   broadcast<D>(q_row, q);
   broadcast<D>(d_out_row, d_out);
   // P, dP = d_out vᵀ, and Σ P ∘ dP.
   __m256 dot = _mm256_setzero_ps();
   for (int64_t j = 0; j < row.n; j += kLanes) {
-    const __m256 p = probabilities8(scores8<D>(row, q, j), stats, row.rounding);
+    const __m256 p = kept ? _mm256_loadu_ps(kept + j) : probabilities8(scores8<D>(row, q, j), stats, row.rounding);
     __m256 dp = _mm256_mul_ps(d_out[0], _mm256_loadu_ps(row.vt + j));
     SD_UNROLL_CHANNELS
     for (int c = 1; c < D; ++c) dp = _mm256_fmadd_ps(d_out[c], _mm256_loadu_ps(row.vt + c * row.stride + j), dp);
-    _mm256_storeu_ps(probs + j, p);
+    if (!kept) _mm256_storeu_ps(buffer + j, p);
     _mm256_storeu_ps(d_scores + j, dp);
     dot = _mm256_fmadd_ps(p, dp, dot);
   }
   // dS = P ∘ (dP - Σ P ∘ dP) · scale, then dq += dS k, dk += dSᵀ q, dv += Pᵀ d_out.
+  const float* probs = kept ? kept : buffer;
   const __m256 row_dot = _mm256_set1_ps(horizontal_sum(dot)), scale = _mm256_set1_ps(row.scale);
   __m256 dq[D];
   SD_UNROLL_CHANNELS
@@ -266,9 +270,10 @@ struct KeysAndValues {
   }
 };
 
-// The forward pass of slice (b, h): writes its rows of `out` and their stats.
+// The forward pass of slice (b, h): writes its rows of `out` and their stats, and to `kept` (null, or the slice's
+// [queries][n] floats) its probabilities.
 template <int D, typename T>
-void forward_slice(const Problem& p, const Tensors<T>& in, int64_t b, int64_t h, T* out, RowStats* stats) {
+void forward_slice(const Problem& p, const Tensors<T>& in, int64_t b, int64_t h, T* out, RowStats* stats, float* kept) {
   const KeysAndValues kv = KeysAndValues::of<D>(p, in, b, h);
   const RowContext row = kv.row_context(p);
   std::vector<float> buffer(p.n);
@@ -277,7 +282,7 @@ void forward_slice(const Problem& p, const Tensors<T>& in, int64_t b, int64_t h,
   for (int64_t i = 0; i < p.queries; ++i) {
     float q_row[D], out_row[D];
     convert_row<D>(q.row(i), q_row);
-    stats[i] = forward_row<D>(row, q_row, buffer.data(), out_row);
+    stats[i] = forward_row<D>(row, q_row, buffer.data(), out_row, kept ? kept + i * p.n : nullptr);
     convert_row<D>(out_row, o.row(i));
   }
 }
@@ -289,19 +294,21 @@ struct Gradients {
 
 // The backward pass of slice (b, h): with S = q kᵀ · scale, P = softmax(S), out = P v and dP = d_out vᵀ,
 //   dv = Pᵀ d_out,  dS = P ∘ (dP − rowsum(P ∘ dP)),  dq = dS k · scale,  dk = dSᵀ q · scale.
+// `kept`: the slice's probabilities as forward kept them, or null to recompute them from q, k and the stats.
 template <int D, typename T>
-void backward_slice(const Problem& p, const Tensors<T>& in, const T* d_out, const RowStats* stats, int64_t b, int64_t h,
-                    const Gradients<T>& grads) {
+void backward_slice(const Problem& p, const Tensors<T>& in, const T* d_out, const RowStats* stats, const float* kept,
+                    int64_t b, int64_t h, const Gradients<T>& grads) {
   const KeysAndValues kv = KeysAndValues::of<D>(p, in, b, h);
   const RowContext row = kv.row_context(p);
-  std::vector<float> dkt(D * p.stride, 0.f), dvt(D * p.stride, 0.f), probs(p.n), d_scores(p.n);
+  std::vector<float> dkt(D * p.stride, 0.f), dvt(D * p.stride, 0.f), buffer(p.n), d_scores(p.n);
   const SliceOf<const T> q(in.q, p, b, h, p.queries), g(d_out, p, b, h, p.queries);
   const SliceOf<T> dq(grads.dq, p, b, h, p.queries);
   for (int64_t i = 0; i < p.queries; ++i) {
     float q_row[D], d_out_row[D], dq_row[D];
     convert_row<D>(q.row(i), q_row);
     convert_row<D>(g.row(i), d_out_row);
-    backward_row<D>(row, stats[i], q_row, d_out_row, probs.data(), d_scores.data(), dq_row, dkt.data(), dvt.data());
+    backward_row<D>(row, stats[i], q_row, d_out_row, kept ? kept + i * p.n : nullptr, buffer.data(), d_scores.data(),
+                    dq_row, dkt.data(), dvt.data());
     convert_row<D>(dq_row, dq.row(i));
   }
   store_transposed<D>(dkt.data(), p.keys, p.stride, SliceOf<T>(grads.dk, p, b, h, p.keys));
@@ -348,16 +355,22 @@ class SmallHeadAttention : public torch::autograd::Function<SmallHeadAttention> 
     at::Tensor out = at::empty_like(q);
     at::Tensor stats = at::empty({p.batch, heads, p.queries, 2}, q.options().dtype(at::kFloat));
     auto* row_stats = reinterpret_cast<RowStats*>(stats.data_ptr<float>());
+    const bool training = q_in.requires_grad() || k_in.requires_grad() || v_in.requires_grad();
+    const at::Tensor kept = training && keeps_probabilities(p)
+                                ? at::empty({p.batch * heads, p.queries, p.n}, q.options().dtype(at::kFloat))
+                                : at::Tensor();
     with_element_type(q.scalar_type(), [&](auto zero) {
       using T = decltype(zero);
       with_head_channels(p.d, [&](auto d) {
         for_each_slice(p, [&](int64_t b, int64_t h) {
-          forward_slice<d()>(p, tensors_of<T>(q, k, v), b, h, out.data_ptr<T>(),
-                             row_stats + (b * heads + h) * p.queries);
+          const int64_t slice = b * heads + h;
+          forward_slice<d()>(p, tensors_of<T>(q, k, v), b, h, out.data_ptr<T>(), row_stats + slice * p.queries,
+                             kept.defined() ? kept[slice].data_ptr<float>() : nullptr);
         });
       });
     });
     ctx->save_for_backward({q, k, v, stats});
+    ctx->saved_data["kept"] = kept;
     ctx->saved_data["heads"] = heads;
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["upcast"] = upcast_attention;
@@ -373,13 +386,15 @@ class SmallHeadAttention : public torch::autograd::Function<SmallHeadAttention> 
     const at::Tensor d_out = grad_outputs[0].to(v.scalar_type()).contiguous();
     at::Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
     const auto* row_stats = reinterpret_cast<const RowStats*>(stats.data_ptr<float>());
+    const at::Tensor kept = ctx->saved_data["kept"].toTensor();
     with_element_type(q.scalar_type(), [&](auto zero) {
       using T = decltype(zero);
       const Gradients<T> grads{dq.data_ptr<T>(), dk.data_ptr<T>(), dv.data_ptr<T>()};
       with_head_channels(p.d, [&](auto d) {
         for_each_slice(p, [&](int64_t b, int64_t h) {
-          backward_slice<d()>(p, tensors_of<T>(q, k, v), d_out.data_ptr<T>(), row_stats + (b * heads + h) * p.queries,
-                              b, h, grads);
+          const int64_t slice = b * heads + h;
+          backward_slice<d()>(p, tensors_of<T>(q, k, v), d_out.data_ptr<T>(), row_stats + slice * p.queries,
+                              kept.defined() ? kept[slice].data_ptr<float>() : nullptr, b, h, grads);
         });
       });
     });
@@ -387,6 +402,14 @@ class SmallHeadAttention : public torch::autograd::Function<SmallHeadAttention> 
   }
 
  private:
+  // Whether forward keeps the probabilities for backward: when they take at most 16 MiB (tiny-sd1's largest
+  // attention at 64² holds 4 MiB). Backward then skips recomputing the scores and their exponentials, most of its
+  // work at 4-8 channels per head; larger problems recompute, to keep only q, k and v.
+  static bool keeps_probabilities(const Problem& p) {
+    constexpr int64_t kMostKeptProbabilities = int64_t{1} << 22;
+    return p.batch * p.heads * p.queries * p.n <= kMostKeptProbabilities;
+  }
+
   static Problem problem(const at::Tensor& q, const at::Tensor& k, int64_t heads, double scale, bool upcast_attention) {
     const bool bf16 = q.scalar_type() == at::kBFloat16;
     const int64_t n = (k.size(1) + kLanes - 1) / kLanes * kLanes;

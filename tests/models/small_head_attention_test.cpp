@@ -155,6 +155,30 @@ TEST(SmallHeadAttention, ReadsStridedInputsAndRepeatsBitForBit) {
   EXPECT_TRUE(at::equal(fused(in.q, k_strided, in.v), first.out));
 }
 
+// Forward keeps the probabilities of problems up to 2^22 scores for backward; larger ones recompute them from q, k
+// and each row's stats. Rows are independent, so the query rows of a large problem, taken in two halves that each
+// keep their probabilities, give the same output and dq bit for bit, and dk and dv up to the order of their sums.
+TEST(SmallHeadAttention, RecomputedProbabilitiesGiveTheKeptOnesGradients) {
+  at::manual_seed(6);
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    const Case c{1, 1, 2080, 2048, 4};  // 2080 x 2048 scores: recomputed; each half: kept
+    const Inputs in = random_inputs(c, dtype);
+    auto fused = [&](auto& q, auto& k, auto& v) { return small_head_attention(q, k, v, c.heads, 0.5, false); };
+    const Grads whole = attention_grads(fused, in.q, in.k, in.v, in.weight);
+    Grads halves[2];
+    for (int half = 0; half < 2; ++half) {
+      const at::Tensor rows = at::arange(half * c.lq / 2, (half + 1) * c.lq / 2);
+      halves[half] = attention_grads(fused, in.q.index_select(1, rows), in.k, in.v, in.weight.index_select(1, rows));
+    }
+    SCOPED_TRACE(c10::toString(dtype));
+    EXPECT_TRUE(at::equal(whole.out, at::cat({halves[0].out, halves[1].out}, 1)));
+    EXPECT_TRUE(at::equal(whole.dq, at::cat({halves[0].dq, halves[1].dq}, 1)));
+    const double tol = dtype == at::kFloat ? 1e-5 : 2e-2;
+    EXPECT_TRUE(sd::test::close_rel_max(whole.dk, halves[0].dk.to(at::kFloat) + halves[1].dk.to(at::kFloat), tol));
+    EXPECT_TRUE(sd::test::close_rel_max(whole.dv, halves[0].dv.to(at::kFloat) + halves[1].dv.to(at::kFloat), tol));
+  }
+}
+
 // A NaN reaches the outputs it touches, as in the reference, so a diverging run is noticed rather than hidden.
 TEST(SmallHeadAttention, NanReachesTheRowsItTouches) {
   at::manual_seed(2);
