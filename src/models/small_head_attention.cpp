@@ -365,12 +365,11 @@ class SmallHeadAttention : public torch::autograd::Function<SmallHeadAttention> 
         for_each_slice(p, [&](int64_t b, int64_t h) {
           const int64_t slice = b * heads + h;
           forward_slice<d()>(p, tensors_of<T>(q, k, v), b, h, out.data_ptr<T>(), row_stats + slice * p.queries,
-                             kept.defined() ? kept[slice].data_ptr<float>() : nullptr);
+                             kept.defined() ? kept.data_ptr<float>() + slice * p.queries * p.n : nullptr);
         });
       });
     });
-    ctx->save_for_backward({q, k, v, stats});
-    ctx->saved_data["kept"] = kept;
+    ctx->save_for_backward({q, k, v, stats, kept});  // released once this node's backward has run
     ctx->saved_data["heads"] = heads;
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["upcast"] = upcast_attention;
@@ -379,14 +378,13 @@ class SmallHeadAttention : public torch::autograd::Function<SmallHeadAttention> 
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const auto saved = ctx->get_saved_variables();
-    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &stats = saved[3];
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &stats = saved[3], &kept = saved[4];
     RECORD_USER_SCOPE_WITH_INPUTS("sdtrain::attention_backward", std::vector<c10::IValue>({q, k, v}));
     const int64_t heads = ctx->saved_data["heads"].toInt();
     const Problem p = problem(q, k, heads, ctx->saved_data["scale"].toDouble(), ctx->saved_data["upcast"].toBool());
     const at::Tensor d_out = grad_outputs[0].to(v.scalar_type()).contiguous();
     at::Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
     const auto* row_stats = reinterpret_cast<const RowStats*>(stats.data_ptr<float>());
-    const at::Tensor kept = ctx->saved_data["kept"].toTensor();
     with_element_type(q.scalar_type(), [&](auto zero) {
       using T = decltype(zero);
       const Gradients<T> grads{dq.data_ptr<T>(), dk.data_ptr<T>(), dv.data_ptr<T>()};
@@ -394,7 +392,7 @@ class SmallHeadAttention : public torch::autograd::Function<SmallHeadAttention> 
         for_each_slice(p, [&](int64_t b, int64_t h) {
           const int64_t slice = b * heads + h;
           backward_slice<d()>(p, tensors_of<T>(q, k, v), d_out.data_ptr<T>(), row_stats + slice * p.queries,
-                              kept.defined() ? kept[slice].data_ptr<float>() : nullptr, b, h, grads);
+                              kept.defined() ? kept.data_ptr<float>() + slice * p.queries * p.n : nullptr, b, h, grads);
         });
       });
     });
