@@ -336,83 +336,101 @@ int64_t transformer_flops(int64_t channels, int64_t heads, int64_t layers, int64
   return linear_flops(channels, inner, pixels) + layers * block + linear_flops(inner, channels, pixels);
 }
 
-}  // namespace
+// One layer of the UNet as count_parameters and count_forward_flops see it. `level` is its resolution level: how many
+// downsamplers run before it. A resnet takes `in` channels to `out`; a transformer works on block `block`'s width.
+struct CountedLayer {
+  enum Kind { kConv, kLinear, kNorm, kResnet, kTransformer } kind;
+  int64_t in = 0, out = 0, kernel = 0;
+  size_t level = 0, block = 0;
+};
 
-int64_t count_forward_flops(const UNetConfig& c, int64_t batch, int64_t height, int64_t width, int64_t context_length) {
-  c.validate();
+// Calls visit(CountedLayer) for every layer with parameters or FLOPs, in the order diffusers' UNet2DConditionModel
+// builds them: conv_in, the time embedding, the down blocks (resnets, transformers, downsamplers), the mid block, the
+// up blocks (resnets on the skip-concatenated channels, transformers, upsamplers), conv_norm_out and conv_out.
+template <typename Visit>
+void for_each_counted_layer(const UNetConfig& c, const Visit& visit) {
   const size_t n = c.num_blocks();
   const auto& ch = c.block_out_channels;
   const int64_t t = c.time_embed_dim();
-  // Resolution of block i's resnets: halved by every downsampler before it.
-  auto pixels = [&](size_t i) { return ((height + (1 << i) - 1) >> i) * ((width + (1 << i) - 1) >> i); };
-  auto attn = [&](size_t b, size_t level) {
-    return transformer_flops(ch[b], c.heads(b), c.transformer_layers_per_block.at(b), c.cross_attention_dim.at(b),
-                             pixels(level), context_length);
-  };
-  int64_t total =
-      conv_flops(c.in_channels, ch[0], c.conv_in_kernel, pixels(0)) + linear_flops(ch[0], t, 1) + linear_flops(t, t, 1);
+  using L = CountedLayer;
+  visit(L{L::kConv, c.in_channels, ch[0], c.conv_in_kernel, 0});
+  visit(L{L::kLinear, ch[0], t});
+  visit(L{L::kLinear, t, t});
   int64_t out = ch[0];
   for (size_t i = 0; i < n; ++i) {
     const int64_t in = out;
     out = ch[i];
     for (int64_t l = 0; l < c.layers_per_block.at(i); ++l) {
-      total += resnet_flops(l == 0 ? in : out, out, t, pixels(i));
-      if (c.down_block_types[i] == "CrossAttnDownBlock2D") total += attn(i, i);
+      visit(L{L::kResnet, l == 0 ? in : out, out, 0, i});
+      if (c.down_block_types[i] == "CrossAttnDownBlock2D") visit(L{L::kTransformer, 0, 0, 0, i, i});
     }
-    if (i + 1 < n) total += conv_flops(out, out, 3, pixels(i + 1));
+    if (i + 1 < n) visit(L{L::kConv, out, out, 3, i + 1});
   }
-  if (c.mid_block_type) total += 2 * resnet_flops(ch[n - 1], ch[n - 1], t, pixels(n - 1)) + attn(n - 1, n - 1);
+  if (c.mid_block_type) {
+    visit(L{L::kResnet, ch[n - 1], ch[n - 1], 0, n - 1});
+    visit(L{L::kResnet, ch[n - 1], ch[n - 1], 0, n - 1});
+    visit(L{L::kTransformer, 0, 0, 0, n - 1, n - 1});
+  }
   out = ch[n - 1];
   for (size_t i = 0; i < n; ++i) {
     const size_t m = n - 1 - i;
     const int64_t prev = out;
     out = ch[m];
-    const int64_t in = ch[m == 0 ? 0 : m - 1];
+    const int64_t skip = ch[m == 0 ? 0 : m - 1];
     const int64_t layers = c.layers_per_block.at(m) + 1;
     for (int64_t l = 0; l < layers; ++l) {
-      total += resnet_flops((l == 0 ? prev : out) + (l == layers - 1 ? in : out), out, t, pixels(m));
-      if (c.up_block_types[i] == "CrossAttnUpBlock2D") total += attn(m, m);
+      visit(L{L::kResnet, (l == 0 ? prev : out) + (l == layers - 1 ? skip : out), out, 0, m});
+      if (c.up_block_types[i] == "CrossAttnUpBlock2D") visit(L{L::kTransformer, 0, 0, 0, m, m});
     }
-    if (i + 1 < n) total += conv_flops(out, out, 3, pixels(m - 1));
+    if (i + 1 < n) visit(L{L::kConv, out, out, 3, m - 1});
   }
-  total += conv_flops(ch[0], c.out_channels, c.conv_out_kernel, pixels(0));
+  visit(L{L::kNorm, ch[0], ch[0]});
+  visit(L{L::kConv, ch[0], c.out_channels, c.conv_out_kernel, 0});
+}
+
+}  // namespace
+
+int64_t count_forward_flops(const UNetConfig& c, int64_t batch, int64_t height, int64_t width, int64_t context_length) {
+  c.validate();
+  const int64_t t = c.time_embed_dim();
+  // Positions at a resolution level: halved by every downsampler before it.
+  auto pixels = [&](size_t level) {
+    return ((height + (1 << level) - 1) >> level) * ((width + (1 << level) - 1) >> level);
+  };
+  int64_t total = 0;
+  for_each_counted_layer(c, [&](const CountedLayer& l) {
+    switch (l.kind) {
+      case CountedLayer::kConv: total += conv_flops(l.in, l.out, l.kernel, pixels(l.level)); break;
+      case CountedLayer::kLinear: total += linear_flops(l.in, l.out, 1); break;  // the time embedding: one token
+      case CountedLayer::kNorm: break;
+      case CountedLayer::kResnet: total += resnet_flops(l.in, l.out, t, pixels(l.level)); break;
+      case CountedLayer::kTransformer:
+        total += transformer_flops(c.block_out_channels[l.block], c.heads(l.block),
+                                   c.transformer_layers_per_block.at(l.block), c.cross_attention_dim.at(l.block),
+                                   pixels(l.level), context_length);
+        break;
+    }
+  });
   return batch * total;
 }
 
 int64_t count_parameters(const UNetConfig& c) {
   c.validate();
-  const size_t n = c.num_blocks();
-  const auto& ch = c.block_out_channels;
   const int64_t t = c.time_embed_dim();
-  int64_t total = conv(c.in_channels, ch[0], c.conv_in_kernel) + linear(ch[0], t) + linear(t, t);
-  auto attn = [&](size_t b) {
-    return transformer(ch[b], c.heads(b), c.transformer_layers_per_block.at(b), c.cross_attention_dim.at(b));
-  };
-  int64_t out = ch[0];
-  for (size_t i = 0; i < n; ++i) {
-    int64_t in = out;
-    out = ch[i];
-    for (int64_t l = 0; l < c.layers_per_block.at(i); ++l) {
-      total += resnet(l == 0 ? in : out, out, t);
-      if (c.down_block_types[i] == "CrossAttnDownBlock2D") total += attn(i);
+  int64_t total = 0;
+  for_each_counted_layer(c, [&](const CountedLayer& l) {
+    switch (l.kind) {
+      case CountedLayer::kConv: total += conv(l.in, l.out, l.kernel); break;
+      case CountedLayer::kLinear: total += linear(l.in, l.out); break;
+      case CountedLayer::kNorm: total += norm(l.in); break;
+      case CountedLayer::kResnet: total += resnet(l.in, l.out, t); break;
+      case CountedLayer::kTransformer:
+        total += transformer(c.block_out_channels[l.block], c.heads(l.block),
+                             c.transformer_layers_per_block.at(l.block), c.cross_attention_dim.at(l.block));
+        break;
     }
-    if (i + 1 < n) total += conv(out, out, 3);
-  }
-  if (c.mid_block_type) total += 2 * resnet(ch[n - 1], ch[n - 1], t) + attn(n - 1);
-  out = ch[n - 1];
-  for (size_t i = 0; i < n; ++i) {
-    const size_t m = n - 1 - i;
-    const int64_t prev = out;
-    out = ch[m];
-    const int64_t in = ch[m == 0 ? 0 : m - 1];
-    const int64_t layers = c.layers_per_block.at(m) + 1;
-    for (int64_t l = 0; l < layers; ++l) {
-      total += resnet((l == 0 ? prev : out) + (l == layers - 1 ? in : out), out, t);
-      if (c.up_block_types[i] == "CrossAttnUpBlock2D") total += attn(m);
-    }
-    if (i + 1 < n) total += conv(out, out, 3);
-  }
-  return total + norm(ch[0]) + conv(ch[0], c.out_channels, c.conv_out_kernel);
+  });
+  return total;
 }
 
 }  // namespace sd::models
