@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 
 namespace sd::test {
@@ -30,6 +31,19 @@ TempDir::TempDir() {
 TempDir::~TempDir() {
   std::error_code ignored;
   std::filesystem::remove_all(path_, ignored);
+}
+
+std::filesystem::path write_image_folder(const std::filesystem::path& dir) {
+  std::filesystem::create_directories(dir);
+  const std::filesystem::path images = fixtures() / "golden" / "images";
+  std::ofstream metadata(dir / "metadata.jsonl");
+  const std::vector<std::pair<std::string, std::string>> rows = {
+      {"landscape_160x120.jpg", "a landscape"}, {"toy_alpha_100x100.png", "a toy"}, {"portrait_90x140.png", "stripes"}};
+  for (const auto& [file, caption] : rows) {
+    std::filesystem::copy_file(images / file, dir / file);
+    metadata << nlohmann::json{{"file_name", file}, {"text", caption}}.dump() << "\n";
+  }
+  return dir;
 }
 
 std::set<std::string> zero_gradient_parameters(const std::filesystem::path& unet_dir) {

@@ -27,6 +27,9 @@ inline ::testing::AssertionResult close_rel_max(const at::Tensor& actual, const 
                                        << err / ref << ")";
 }
 
+// Three images of the fixtures in `dir`, a Hugging Face imagefolder with captions (metadata.jsonl); returns `dir`.
+std::filesystem::path write_image_folder(const std::filesystem::path& dir);
+
 // A tolerance for results computed in bf16: `native` where LibTorch runs bf16 through oneDNN (float32
 // accumulation), 4x that where it falls back to loops that accumulate in bf16 (core/cpu_features.h).
 double bf16_tolerance(double native);

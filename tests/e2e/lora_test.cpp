@@ -1,8 +1,6 @@
 // LoRA end to end: the reference LoRA image (golden C11) through `sdtrain generate --lora`, merged or not; a LoRA
 // trained by `sdtrain train --lora_rank` on the fixture images, exported in both formats, generating the same images
 // from either file, merged or not; resume and two sharded ranks reproducing one rank; one clear line for bad input.
-#include <fstream>
-#include <nlohmann/json.hpp>
 
 #include "io/atomic_file.h"
 #include "io/image.h"
@@ -64,20 +62,6 @@ TEST(LoraE2E, BinaryReproducesTheDiffusersLoraImageMergedOrNot) {
   }
 }
 
-// Three images of the fixtures as a Hugging Face imagefolder with captions.
-fs::path write_image_folder(const fs::path& dir) {
-  fs::create_directories(dir);
-  const fs::path images = sd::test::fixtures() / "golden" / "images";
-  std::ofstream metadata(dir / "metadata.jsonl");
-  const std::vector<std::pair<std::string, std::string>> rows = {
-      {"landscape_160x120.jpg", "a landscape"}, {"toy_alpha_100x100.png", "a toy"}, {"portrait_90x140.png", "stripes"}};
-  for (const auto& [file, caption] : rows) {
-    fs::copy_file(images / file, dir / file);
-    metadata << nlohmann::json{{"file_name", file}, {"text", caption}}.dump() << "\n";
-  }
-  return dir;
-}
-
 std::vector<std::string> lora_train_command(const fs::path& data, const fs::path& out,
                                             const std::vector<std::string>& extra) {
   std::vector<std::string> command = {sd::test::sdtrain_binary(),
@@ -99,7 +83,7 @@ std::vector<std::string> lora_train_command(const fs::path& data, const fs::path
 
 TEST(LoraE2E, TrainedLoraGivesTheSameImagesFromBothFormatsMergedOrNot) {
   sd::test::TempDir dir;
-  const fs::path data = write_image_folder(dir.path() / "data"), out = dir.path() / "cat-lora";
+  const fs::path data = sd::test::write_image_folder(dir.path() / "data"), out = dir.path() / "cat-lora";
   auto r = sd::test::run_process(
       lora_train_command(data, out,
                          {"--max_train_steps=3", "--lora_alpha=8", "--train_text_encoder_lora", "--lora_format=kohya",
@@ -139,7 +123,7 @@ TEST(LoraE2E, TrainedLoraGivesTheSameImagesFromBothFormatsMergedOrNot) {
 // uninterrupted one; two ranks sharding the adapters' state train what one rank with accumulation trains.
 TEST(LoraE2E, ResumeIsBitExactAndShardedRanksMatchOneRank) {
   sd::test::TempDir dir;
-  const fs::path data = write_image_folder(dir.path() / "data");
+  const fs::path data = sd::test::write_image_folder(dir.path() / "data");
   const fs::path whole = dir.path() / "whole", split = dir.path() / "split", ranks = dir.path() / "ranks";
   const std::vector<std::string> flags = {
       "--max_train_steps=4",    "--checkpointing_steps=2",   "--use_ema",
@@ -177,7 +161,7 @@ TEST(LoraE2E, BadInputs) {
     for (const auto& a : args) line += "'" + a + "' ";
     return line;
   };
-  const fs::path data = write_image_folder(dir.path() / "data"), out = dir.path() / "out";
+  const fs::path data = sd::test::write_image_folder(dir.path() / "data"), out = dir.path() / "out";
   // The error comes after the data listing's line, once the UNet's layers are known: it is the last line.
   auto train_error = [&](const std::vector<std::string>& extra, const std::string& fragment) {
     const auto command = lora_train_command(data, out, extra);

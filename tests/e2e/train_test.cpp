@@ -125,20 +125,6 @@ TEST(TrainE2E, ReplaysTheReferenceRunOnTwoRanks) {
   }
 }
 
-// Three images of the fixtures as a Hugging Face imagefolder with captions.
-fs::path write_image_folder(const fs::path& dir) {
-  fs::create_directories(dir);
-  const fs::path images = sd::test::fixtures() / "golden" / "images";
-  std::ofstream metadata(dir / "metadata.jsonl");
-  const std::vector<std::pair<std::string, std::string>> rows = {
-      {"landscape_160x120.jpg", "a landscape"}, {"toy_alpha_100x100.png", "a toy"}, {"portrait_90x140.png", "stripes"}};
-  for (const auto& [file, caption] : rows) {
-    fs::copy_file(images / file, dir / file);
-    metadata << nlohmann::json{{"file_name", file}, {"text", caption}}.dump() << "\n";
-  }
-  return dir;
-}
-
 std::vector<std::string> folder_flags(const fs::path& data, const fs::path& out, int accumulation, int steps) {
   return {"--train_data_dir=" + data.string(),
           "--resolution=64",
@@ -160,7 +146,7 @@ io::TensorMap unet_of(const fs::path& out) {
 
 TEST(TrainE2E, TrainsOnAnImageFolderAndTheResultGenerates) {
   sd::test::TempDir dir;
-  const fs::path data = write_image_folder(dir.path() / "data");
+  const fs::path data = sd::test::write_image_folder(dir.path() / "data");
   const fs::path single = dir.path() / "single", multi = dir.path() / "multi";
   auto a = sd::test::run_process(train_command(folder_flags(data, single, 2, 3)), 300s);
   ASSERT_EQ(a.exit_code, 0) << a.output;
@@ -211,7 +197,7 @@ bool wait_for_steps(const fs::path& out, int lines, sd::test::Process& run) {
 
 TEST(TrainE2E, SigtermAndTwoResumesGiveTheBitsOfAnUninterruptedRun) {
   sd::test::TempDir dir;
-  const fs::path data = write_image_folder(dir.path() / "data");
+  const fs::path data = sd::test::write_image_folder(dir.path() / "data");
   const fs::path whole = dir.path() / "whole", split = dir.path() / "split";
   const int steps = 10;
   auto flags = [&](const fs::path& out) {
