@@ -37,7 +37,8 @@ TEST(ScaledAttention, SmallShapesNeverPickUpGarbage) {
           const double tol = dtype == at::kBFloat16 ? sd::test::bf16_tolerance(3e-2)
                              : dtype == at::kFloat  ? 1e-5
                                                     : 1e-12;
-          ASSERT_TRUE(sd::test::close_rel_max(out, reference_attention(q, k, v, scale), tol));
+          ASSERT_TRUE(sd::test::close_rel_max(out, reference_attention(q, k, v, scale), tol))
+              << lq << "x" << d << "x" << lk << " rep " << rep;
         }
       }
     }
