@@ -337,11 +337,12 @@ int64_t transformer_flops(int64_t channels, int64_t heads, int64_t layers, int64
 }
 
 // One layer of the UNet as count_parameters and count_forward_flops see it. `level` is its resolution level: how many
-// downsamplers run before it. A resnet takes `in` channels to `out`; a transformer works on block `block`'s width.
+// downsamplers run before it, which is also the index of the block it belongs to (a transformer works on that
+// block's width). A resnet takes `in` channels to `out`.
 struct CountedLayer {
   enum Kind { kConv, kLinear, kNorm, kResnet, kTransformer } kind;
   int64_t in = 0, out = 0, kernel = 0;
-  size_t level = 0, block = 0;
+  size_t level = 0;
 };
 
 // Calls visit(CountedLayer) for every layer with parameters or FLOPs, in the order diffusers' UNet2DConditionModel
@@ -362,14 +363,14 @@ void for_each_counted_layer(const UNetConfig& c, const Visit& visit) {
     out = ch[i];
     for (int64_t l = 0; l < c.layers_per_block.at(i); ++l) {
       visit(L{L::kResnet, l == 0 ? in : out, out, 0, i});
-      if (c.down_block_types[i] == "CrossAttnDownBlock2D") visit(L{L::kTransformer, 0, 0, 0, i, i});
+      if (c.down_block_types[i] == "CrossAttnDownBlock2D") visit(L{L::kTransformer, 0, 0, 0, i});
     }
     if (i + 1 < n) visit(L{L::kConv, out, out, 3, i + 1});
   }
   if (c.mid_block_type) {
     visit(L{L::kResnet, ch[n - 1], ch[n - 1], 0, n - 1});
     visit(L{L::kResnet, ch[n - 1], ch[n - 1], 0, n - 1});
-    visit(L{L::kTransformer, 0, 0, 0, n - 1, n - 1});
+    visit(L{L::kTransformer, 0, 0, 0, n - 1});
   }
   out = ch[n - 1];
   for (size_t i = 0; i < n; ++i) {
@@ -380,7 +381,7 @@ void for_each_counted_layer(const UNetConfig& c, const Visit& visit) {
     const int64_t layers = c.layers_per_block.at(m) + 1;
     for (int64_t l = 0; l < layers; ++l) {
       visit(L{L::kResnet, (l == 0 ? prev : out) + (l == layers - 1 ? skip : out), out, 0, m});
-      if (c.up_block_types[i] == "CrossAttnUpBlock2D") visit(L{L::kTransformer, 0, 0, 0, m, m});
+      if (c.up_block_types[i] == "CrossAttnUpBlock2D") visit(L{L::kTransformer, 0, 0, 0, m});
     }
     if (i + 1 < n) visit(L{L::kConv, out, out, 3, m - 1});
   }
@@ -405,8 +406,8 @@ int64_t count_forward_flops(const UNetConfig& c, int64_t batch, int64_t height, 
       case CountedLayer::kNorm: break;
       case CountedLayer::kResnet: total += resnet_flops(l.in, l.out, t, pixels(l.level)); break;
       case CountedLayer::kTransformer:
-        total += transformer_flops(c.block_out_channels[l.block], c.heads(l.block),
-                                   c.transformer_layers_per_block.at(l.block), c.cross_attention_dim.at(l.block),
+        total += transformer_flops(c.block_out_channels[l.level], c.heads(l.level),
+                                   c.transformer_layers_per_block.at(l.level), c.cross_attention_dim.at(l.level),
                                    pixels(l.level), context_length);
         break;
     }
@@ -425,8 +426,8 @@ int64_t count_parameters(const UNetConfig& c) {
       case CountedLayer::kNorm: total += norm(l.in); break;
       case CountedLayer::kResnet: total += resnet(l.in, l.out, t); break;
       case CountedLayer::kTransformer:
-        total += transformer(c.block_out_channels[l.block], c.heads(l.block),
-                             c.transformer_layers_per_block.at(l.block), c.cross_attention_dim.at(l.block));
+        total += transformer(c.block_out_channels[l.level], c.heads(l.level),
+                             c.transformer_layers_per_block.at(l.level), c.cross_attention_dim.at(l.level));
         break;
     }
   });
