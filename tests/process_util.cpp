@@ -1,10 +1,7 @@
 #include "process_util.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -170,19 +167,6 @@ bool have_program(const std::string& program) {
   while (std::getline(ss, dir, ':'))
     if (!dir.empty() && access((dir + "/" + program).c_str(), X_OK) == 0) return true;
   return false;
-}
-
-int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0)
-    throw std::runtime_error("free_port: cannot bind");
-  close(fd);
-  return ntohs(addr.sin_port);
 }
 
 std::vector<std::string> under_launch(int ranks, const std::vector<std::string>& command) {

@@ -67,7 +67,4 @@ std::vector<std::string> under_launch(int ranks, const std::vector<std::string>&
 // True if `program` is found in PATH.
 bool have_program(const std::string& program);
 
-// A TCP port that was free a moment ago on 127.0.0.1.
-int free_port();
-
 }  // namespace sd::test

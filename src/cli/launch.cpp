@@ -1,10 +1,7 @@
 // `sdtrain launch --nproc_per_node K -- <subcommand ...>`: K ranks on this machine without an MPI install, with
 // torchrun-style variables. Forwards SIGINT/SIGTERM; when one rank fails, stops the rest and exits with its code.
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -21,6 +18,7 @@
 
 #include "core/error.h"
 #include "dist/rendezvous.h"
+#include "dist/store_listen.h"
 
 namespace sd::cli {
 namespace {
@@ -31,22 +29,6 @@ struct LaunchOptions {
   double grace_period = 10;
   std::vector<std::string> command;
 };
-
-// The kernel's choice of a free port; it could be taken again before rank 0 binds it, as with torchrun.
-int find_free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  SD_CHECK(fd >= 0, "launch: cannot create a socket to find a free port: {}", std::strerror(errno));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof addr;
-  bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
-            getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
-  close(fd);
-  SD_CHECK(ok, "launch: cannot find a free port: {}; pass --master_port", std::strerror(errno));
-  return ntohs(addr.sin_port);
-}
 
 std::string describe_status(int status) {
   if (WIFEXITED(status)) return fmt::format("exited with code {}", WEXITSTATUS(status));
@@ -68,7 +50,7 @@ int run_launch(const LaunchOptions& o) {
   SD_CHECK(o.grace_period >= 0, "--grace_period must be >= 0 seconds, got {}", o.grace_period);
   SD_CHECK(!o.command.empty(), "launch: no subcommand given: sdtrain launch --nproc_per_node 2 -- <subcommand ...>");
   SD_CHECK(o.command.front() != "launch", "launch: the launched subcommand cannot be launch itself");
-  const int port = o.master_port ? o.master_port : find_free_port();
+  const int port = o.master_port ? o.master_port : dist::find_free_port();
   const std::string exe = std::filesystem::read_symlink("/proc/self/exe").string();
 
   // Signals are taken synchronously with sigtimedwait: blocked from before the first fork, so none is lost.

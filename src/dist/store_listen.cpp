@@ -7,9 +7,13 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <fstream>
+#include <random>
 
 #include "core/error.h"
 
@@ -57,7 +61,44 @@ bool is_wildcard_at(const sockaddr* addr, socklen_t len, int port) {
   return false;
 }
 
+// The ports the kernel hands out on its own, [first, last]; Linux's default when /proc cannot say.
+std::pair<int, int> ephemeral_port_range() {
+  std::ifstream in("/proc/sys/net/ipv4/ip_local_port_range");
+  int first = 0, last = 0;
+  if (in >> first >> last && 0 < first && first <= last && last <= 65535) return {first, last};
+  return {32768, 60999};
+}
+
+// Binding the wildcard address fails while any socket holds the port, on any address or in TIME_WAIT.
+bool nothing_bound_to(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = htons(port);
+  const bool free = ::bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0;
+  close(fd);
+  return free;
+}
+
 }  // namespace
+
+int find_free_port() {
+  // Up to 10000 unprivileged ports below the ephemeral range, or above it when it starts too low to leave room.
+  const auto [first, last] = ephemeral_port_range();
+  const bool below = first - 1024 >= 1000;
+  const int lowest = below ? std::max(1024, first - 10000) : last + 1;
+  const int count = below ? first - lowest : 65536 - lowest;
+  // A random start keeps concurrent jobs apart; the counter keeps this process's successive calls apart.
+  static std::atomic<unsigned> next{std::random_device{}()};
+  for (int tried = 0; tried < count; ++tried) {
+    const int port = lowest + static_cast<int>(next.fetch_add(1) % static_cast<unsigned>(count));
+    if (nothing_bound_to(port)) return port;
+  }
+  fail("no free port outside the kernel's ephemeral range {}-{} for the rendezvous store; pass --master_port", first,
+       last);
+}
 
 std::vector<std::string> local_interface_addresses() {
   std::vector<std::string> out;

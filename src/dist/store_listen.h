@@ -18,6 +18,12 @@ namespace sd::dist {
 std::optional<std::string> store_listen_address(const DistEnv& env, const std::vector<std::string>& local_addresses,
                                                 std::string* why);
 
+// A TCP port nothing on this machine is bound to, for rank 0's store when the user names none. It is chosen below
+// the kernel's ephemeral range (net.ipv4.ip_local_port_range), where no socket bound to port 0 or connecting out
+// (Gloo's pairs, mpirun's daemons, another job's ranks) can be handed it before rank 0 binds it; a port the kernel
+// picked, as torchrun does, can be. Successive calls in one process return different ports.
+int find_free_port();
+
 // Numeric addresses of this machine's interfaces (getifaddrs), IPv4 and IPv6.
 std::vector<std::string> local_interface_addresses();
 

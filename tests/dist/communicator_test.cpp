@@ -5,6 +5,7 @@
 #include "dist/communicator.h"
 #include "dist/in_process_world.h"
 #include "dist/signals.h"
+#include "dist/store_listen.h"
 
 namespace sd::dist {
 namespace {
@@ -150,7 +151,7 @@ TEST(GlooCommunicator, RankThatLeftEarlyIsNamedAndTheErrorSticks) {
 }
 
 TEST(GlooCommunicator, MissingRankIsNamedAfterTheTimeout) {
-  const int port = sd::test::free_port();
+  const int port = find_free_port();
   CommOptions opts;
   opts.timeout = std::chrono::milliseconds(1500);
   auto start = std::chrono::steady_clock::now();
@@ -171,7 +172,7 @@ TEST(GlooCommunicator, UnreachableMasterIsExplained) {
   CommOptions opts;
   opts.timeout = std::chrono::milliseconds(1000);
   try {
-    make_communicator(testing::loopback_env(1, 2, sd::test::free_port()), opts);
+    make_communicator(testing::loopback_env(1, 2, find_free_port()), opts);
     ADD_FAILURE() << "expected an error";
   } catch (const Error& e) {
     std::string msg = e.what();
@@ -181,7 +182,7 @@ TEST(GlooCommunicator, UnreachableMasterIsExplained) {
 }
 
 TEST(GlooCommunicator, WorldSizeMismatchIsAnError) {
-  const int port = sd::test::free_port();
+  const int port = find_free_port();
   std::vector<std::string> errors(2);
   CommOptions opts;
   opts.timeout = std::chrono::milliseconds(3000);
@@ -210,7 +211,7 @@ TEST(GlooCommunicator, WorldSizeMismatchIsAnError) {
 
 TEST(GlooCommunicator, BadInterfaceIsNamed) {
   std::vector<std::string> errors(2);
-  const int port = sd::test::free_port();
+  const int port = find_free_port();
   std::vector<std::thread> ts;
   for (int r = 0; r < 2; ++r)
     ts.emplace_back([&, r] {

@@ -8,6 +8,7 @@
 #include "io/atomic_file.h"
 #include "process_util.h"
 #include "test_util.h"
+#include "dist/store_listen.h"
 
 namespace sd {
 namespace {
@@ -61,7 +62,7 @@ class Deploy : public ::testing::TestWithParam<Workload> {
             {"SDTRAIN", sd::test::sdtrain_binary()},
             {"EXTRA_ARGS", extra},
             {"MASTER_ADDR", "127.0.0.1"},
-            {"MASTER_PORT", std::to_string(sd::test::free_port())}};
+            {"MASTER_PORT", std::to_string(dist::find_free_port())}};
   }
   void expect_trained(const sd::test::ProcessResult& r) const {
     ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -133,7 +134,7 @@ TEST_P(Deploy, PyTorchJobArgumentsWithOperatorVariables) {
                                    "--train_data_dir=" + data().string(), "--output_dir=" + out().string()})
     args.push_back(extra);
   for (const auto& f : small_for_workload()) args.push_back(f);
-  const std::string port = std::to_string(sd::test::free_port());
+  const std::string port = std::to_string(dist::find_free_port());
   std::vector<std::unique_ptr<sd::test::Process>> pods;
   for (int rank = 0; rank < 2; ++rank)
     pods.push_back(std::make_unique<sd::test::Process>(

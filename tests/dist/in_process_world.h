@@ -10,6 +10,7 @@
 
 #include "dist/communicator.h"
 #include "process_util.h"
+#include "dist/store_listen.h"
 
 namespace sd::dist::testing {
 
@@ -29,7 +30,7 @@ inline DistEnv loopback_env(int rank, int world, int port) {
 inline std::vector<std::string> run_world(int world, const std::function<void(int, Communicator&)>& fn,
                                           std::chrono::milliseconds timeout = std::chrono::seconds(20),
                                           const std::string& transport = "auto") {
-  const int port = sd::test::free_port();
+  const int port = find_free_port();
   std::vector<std::string> errors(world);
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {

@@ -87,7 +87,7 @@ void expect_world(const std::vector<json>& lines, int world, const std::string& 
 
 // Starts `world` ranks with torchrun-style variables, as Kubeflow's PyTorchJob or a test harness would.
 std::vector<std::unique_ptr<Process>> start_torchrun_style(int world, const std::vector<std::string>& args,
-                                                           int port = sd::test::free_port()) {
+                                                           int port = find_free_port()) {
   std::vector<std::unique_ptr<Process>> procs;
   for (int r = 0; r < world; ++r) {
     auto env = clean_env();
@@ -123,7 +123,7 @@ TEST(DistProcesses, OpenMpiTwoAndThreeRanks) {
   for (int n : {2, 3}) {
     // A free MASTER_PORT rather than the default 29500, so tests running in parallel do not meet.
     auto env = clean_env();
-    env["MASTER_PORT"] = std::to_string(sd::test::free_port());
+    env["MASTER_PORT"] = std::to_string(find_free_port());
     auto r = sd::test::run_process({"mpirun.openmpi", "--allow-run-as-root", "--oversubscribe", "-n", std::to_string(n),
                                     sd::test::sdtrain_binary(), "dist-check", "--dist_timeout", "30"},
                                    seconds(60), env);
@@ -140,7 +140,7 @@ TEST(DistProcesses, HydraHostfileForm) {
   std::ofstream(hosts) << "localhost\n";
   // The seed's form: -f hostfile -n N -ppn K.
   auto env = clean_env();
-  env["MASTER_PORT"] = std::to_string(sd::test::free_port());
+  env["MASTER_PORT"] = std::to_string(find_free_port());
   auto r = sd::test::run_process({"mpirun.mpich", "-f", hosts.string(), "-n", "3", "-ppn", "3",
                                   sd::test::sdtrain_binary(), "dist-check", "--dist_timeout", "30"},
                                  seconds(60), env);
@@ -320,7 +320,7 @@ bool connects(const std::string& ipv4, int port) {
 
 // The store has no authentication, so on one machine it must not be reachable from the network.
 TEST(DistProcesses, LaunchStoreListensOnLoopbackOnly) {
-  const int port = sd::test::free_port();
+  const int port = find_free_port();
   Process launch({sd::test::sdtrain_binary(), "launch", "--nproc_per_node", "2", "--master_port", std::to_string(port),
                   "--", "dist-check", "--dist_timeout", "30", "--wait_for_stop", "--threads", "1"},
                  clean_env());

@@ -11,6 +11,7 @@
 #include "io/atomic_file.h"
 #include "process_util.h"
 #include "test_util.h"
+#include "dist/store_listen.h"
 
 namespace sd {
 namespace {
@@ -129,7 +130,7 @@ class SlurmCluster {
          << "AuthType=auth/munge\nCredType=cred/munge\n"
          // A requeued job waits for its credential to expire before it runs again (default 120 s).
          << "AuthInfo=socket=" << socket().string() << ",cred_expire=10\n"
-         << "SlurmctldPort=" << test::free_port() << "\nSlurmdPort=" << test::free_port() << "\n"
+         << "SlurmctldPort=" << dist::find_free_port() << "\nSlurmdPort=" << dist::find_free_port() << "\n"
          << "StateSaveLocation=" << (d / "state").string() << "\nSlurmdSpoolDir=" << (d / "spool").string() << "\n"
          << "SlurmctldPidFile=" << (d / "slurmctld.pid").string() << "\n"
          << "SlurmdPidFile=" << (d / "slurmd.pid").string() << "\n"
@@ -177,7 +178,7 @@ class Slurm : public ::testing::Test {
                                 ",MODEL=" + model().string() + ",DATA=" + data().string() + ",OUT=" + out.string() +
                                 ",EXTRA_ARGS=" + extra +
                                 // Each job its own rendezvous port: tests run in parallel on this machine.
-                                ",MASTER_PORT=" + std::to_string(test::free_port()) +
+                                ",MASTER_PORT=" + std::to_string(dist::find_free_port()) +
                                 (resolves(short_hostname()) ? "" : ",MASTER_ADDR=127.0.0.1");
     return {"sbatch",
             "--parsable",

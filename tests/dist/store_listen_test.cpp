@@ -1,6 +1,12 @@
 // Where rank 0's rendezvous store listens: the address MASTER_ADDR names when it is this machine's (loopback only
 // for single-machine runs), else every interface with the reason.
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <set>
 
 #include "dist/store_listen.h"
 
@@ -47,6 +53,40 @@ TEST(StoreListenAddress, EveryInterfaceWithTheReasonOtherwise) {
 TEST(StoreListenAddress, InterfaceAddressesIncludeLoopback) {
   auto local = local_interface_addresses();
   EXPECT_NE(std::find(local.begin(), local.end(), "127.0.0.1"), local.end());
+}
+
+// A socket listening on 0.0.0.0:port while alive.
+struct Listener {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  explicit Listener(int port) {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_ANY);
+    addr.sin_port = htons(port);
+    ok = bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0 && listen(fd, 1) == 0;
+  }
+  ~Listener() { close(fd); }
+  bool ok = false;
+};
+
+TEST(FindFreePort, ListenablePortsBelowTheEphemeralRangeNeverTheSameTwice) {
+  int first = 0, last = 0;
+  ASSERT_TRUE(std::ifstream("/proc/sys/net/ipv4/ip_local_port_range") >> first >> last);
+  std::set<int> seen;
+  for (int i = 0; i < 50; ++i) {
+    const int port = find_free_port();
+    EXPECT_TRUE(port < first || port > last) << port << " is in the ephemeral range " << first << "-" << last;
+    EXPECT_TRUE(seen.insert(port).second) << port << " came twice";
+    EXPECT_TRUE(Listener(port).ok) << port;
+  }
+}
+
+TEST(FindFreePort, PortsInUseAreSkipped) {
+  // The calls walk the range in order, so the port after the last one returned is the next candidate.
+  const int before = find_free_port();
+  Listener held(before + 1);
+  ASSERT_TRUE(held.ok) << before + 1;
+  EXPECT_NE(find_free_port(), before + 1);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include "io/safetensors.h"
 #include "process_util.h"
 #include "test_util.h"
+#include "dist/store_listen.h"
 
 namespace sd {
 namespace {
@@ -88,7 +89,7 @@ TEST_F(TextualInversionDist, SeedDeploymentHydraCommandLine) {
   // A free port: the default 29500 could meet another test's job under ctest -j.
   std::vector<std::string> args = {
       "mpirun.mpich", "-f", hosts.string(), "-n",          "2",
-      "-ppn",         "2",  "-genv",        "MASTER_PORT", std::to_string(sd::test::free_port())};
+      "-ppn",         "2",  "-genv",        "MASTER_PORT", std::to_string(dist::find_free_port())};
   auto command = train(dir_.path() / "hydra", 1, 3);
   args.insert(args.end(), command.begin(), command.end());
   auto r = sd::test::run_process(args, 120s);
@@ -107,7 +108,7 @@ TEST_F(TextualInversionDist, OpenMpiRuns) {
                                    "-n",
                                    "2",
                                    "-x",
-                                   "MASTER_PORT=" + std::to_string(sd::test::free_port())};
+                                   "MASTER_PORT=" + std::to_string(dist::find_free_port())};
   auto command = train(dir_.path() / "ompi", 1, 2);
   args.insert(args.end(), command.begin(), command.end());
   auto r = sd::test::run_process(args, 120s);
@@ -117,7 +118,7 @@ TEST_F(TextualInversionDist, OpenMpiRuns) {
 
 TEST_F(TextualInversionDist, KilledRankEndsTheOthersNamingIt) {
   const fs::path out = dir_.path() / "killed";
-  const int port = sd::test::free_port();
+  const int port = dist::find_free_port();
   std::vector<std::unique_ptr<sd::test::Process>> ranks;
   for (int r = 0; r < 2; ++r)
     ranks.push_back(

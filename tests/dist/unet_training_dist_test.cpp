@@ -8,6 +8,7 @@
 #include "io/safetensors.h"
 #include "process_util.h"
 #include "test_util.h"
+#include "dist/store_listen.h"
 
 namespace sd {
 namespace {
@@ -101,7 +102,7 @@ std::unique_ptr<sd::test::Process> start_rank(int r, int port, const std::vector
 
 TEST_F(UNetTrainingDist, KilledShardedRankIsNamedAndTheLastCheckpointResumes) {
   const fs::path out = dir_.path() / "killed";
-  const int port = sd::test::free_port();
+  const int port = dist::find_free_port();
   std::vector<std::unique_ptr<sd::test::Process>> ranks;
   for (int r = 0; r < 2; ++r)
     ranks.push_back(start_rank(r, port, train(out, 100000, "shard_grad_op", {"--dist_timeout=20"})));
@@ -126,7 +127,7 @@ TEST_F(UNetTrainingDist, KilledShardedRankIsNamedAndTheLastCheckpointResumes) {
 // training collective could abort in Gloo.
 TEST_F(UNetTrainingDist, RanksThatDisagreeOnTheRunStopWithOneLine) {
   const fs::path out = dir_.path() / "disagree";
-  const int port = sd::test::free_port();
+  const int port = dist::find_free_port();
   auto rank0 = start_rank(0, port, train(out, 2, "no_shard"));
   auto rank1 = start_rank(1, port, train(out, 2, "no_shard", {"--adam_weight_decay=0.02"}));
   ASSERT_TRUE(sd::test::wait_all({rank0.get(), rank1.get()}, 120s)) << "ranks must not hang";
