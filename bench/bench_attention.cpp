@@ -2,6 +2,7 @@
 // models/tiled_attention.h and, for heads of up to 16 channels, models/small_head_attention.h; forward alone and
 // forward + backward, with what each keeps for backward. One JSON line per case and path.
 //   bench_attention [--threads N] [--dtype float32|bf16] [--cases SUBSTRING] [--path plain|tiled|small_head]
+//                   [--repeats N]  (timed runs per case, 5 by default; more for a profiler)
 #include <torch/csrc/autograd/autograd.h>
 
 #include <cstdio>
@@ -34,11 +35,13 @@ int main(int argc, char** argv) {
   int threads = 2;
   at::ScalarType dtype = at::kFloat;
   std::string only_cases, only_path;  // empty: every case, every path
+  int repeats = 5;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--dtype")) dtype = sd::bench::dtype_from_name(argv[i + 1]);
     if (!std::strcmp(argv[i], "--cases")) only_cases = argv[i + 1];
     if (!std::strcmp(argv[i], "--path")) only_path = argv[i + 1];
+    if (!std::strcmp(argv[i], "--repeats")) repeats = std::atoi(argv[i + 1]);
   }
   sd::set_compute_threads(threads);
   const std::vector<Case> cases = {
@@ -81,14 +84,14 @@ int main(int argc, char** argv) {
             at::NoGradGuard no_grad;
             fn(q, k, v, scale);
           },
-          1, 5);
+          1, repeats);
       const auto training = sd::bench::time_it(
           [&] {
             const at::Tensor qg = q.detach().requires_grad_(), kg = k.detach().requires_grad_(),
                              vg = v.detach().requires_grad_();
             torch::autograd::backward({fn(qg, kg, vg, scale)}, {d_out});
           },
-          1, 5);
+          1, repeats);
       // small_head keeps each query row's maximum and sum (8 bytes per row), and up to 2^22 float32 probabilities
       // over the keys padded to whole vectors of 8.
       const int64_t padded_scores = c.slices * c.lq * ((c.lk + 7) / 8 * 8);
