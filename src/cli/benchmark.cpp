@@ -3,7 +3,8 @@
 // one JSON line per rank on stdout and a summary on stderr: seconds per step (median after warm-up), images per
 // second over all ranks, FLOPs per step from the analytic count, achieved GFLOP/s, MFU against the bf16 and float32
 // GEMM peaks measured in the same run, peak resident memory, the time by op class (perf/op_profiler.h) and the bytes
-// the machine's network interfaces carried per step (bench_netns_scaling compares them with the ideal).
+// the machine's network interfaces carried per step (bench_netns_scaling compares them with the ideal); for
+// generation also the VAE decode after the last step.
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -72,6 +73,7 @@ struct Measurement {
   int64_t flops_per_step = 0;   // this rank's share
   int64_t images_per_step = 0;  // over all ranks
   int world = 1, rank = 0;
+  std::optional<double> decode_seconds;  // generate: from the last denoising step to the images (VAE decode)
 };
 
 // Steps before `warmup` run untimed; from then on the profiler records and the peak-memory mark restarts.
@@ -195,6 +197,7 @@ void measure_generation(const BenchmarkOptions& o, const pipeline::ModelSource& 
   };
   meter.before(o.warmup);
   pipeline::txt2img(pipe, *scheduler, options, hooks);
+  m.decode_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - last).count();
 }
 
 int64_t micro_batches(const BenchmarkOptions& o) { return o.task == "generate" ? 1 : o.gradient_accumulation_steps; }
@@ -289,6 +292,7 @@ int run_benchmark(BenchmarkOptions o) {
                {"achieved_gflops", gflops},
                {"gemm_peak_gflops", {{"bf16", bf16_peak}, {"float32", fp32_peak}}},
                {"mfu", gflops / compute_peak},
+               {"decode_seconds", m.decode_seconds ? json(*m.decode_seconds) : json()},
                {"peak_rss_gib", static_cast<double>(m.peak_rss) / (1 << 30)},
                {"huge_pages_gib", static_cast<double>(m.huge_pages) / (1 << 30)},
                {"op_seconds", m.profile.seconds},
@@ -305,6 +309,7 @@ int run_benchmark(BenchmarkOptions o) {
       o.task, model_name, o.resolution, o.train_batch_size, o.mixed_precision, dtype_name(precision.compute), m.world,
       at::get_num_threads(), seconds, images_per_s, gflops, 100 * gflops / compute_peak, dtype_name(precision.compute),
       compute_peak, bf16_peak, fp32_peak, static_cast<double>(m.peak_rss) / (1 << 30));
+  if (m.decode_seconds) log::info("VAE decode and conversion to images: {:.3f} s", *m.decode_seconds);
   if (!m.profile.seconds.empty()) {
     double measured = 0;
     for (double s : m.step_seconds) measured += s;

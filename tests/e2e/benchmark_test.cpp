@@ -124,6 +124,7 @@ TEST(BenchmarkE2E, TextualInversionAndGeneration) {
   ASSERT_EQ(ti.exit_code, 0) << ti.output;
   ASSERT_EQ(json_lines(ti.output).size(), 1u) << ti.output;
   EXPECT_EQ(json_lines(ti.output)[0]["flops_per_step"].get<int64_t>(), 2 * tiny_forward_flops(1));
+  EXPECT_TRUE(json_lines(ti.output)[0]["decode_seconds"].is_null()) << "training decodes no images";
   auto gen =
       sd::test::run_process(benchmark({"--task=generate", "--num_inference_steps=3", "--mixed_precision=no"}), 300s);
   ASSERT_EQ(gen.exit_code, 0) << gen.output;
@@ -131,6 +132,7 @@ TEST(BenchmarkE2E, TextualInversionAndGeneration) {
   ASSERT_EQ(lines.size(), 1u) << gen.output;
   EXPECT_EQ(lines[0]["step_seconds"].size(), 4u) << "tiny-sd1's PNDM runs one UNet step more than asked";
   EXPECT_EQ(lines[0]["flops_per_step"].get<int64_t>(), 2 * tiny_forward_flops(1)) << "guidance doubles the batch";
+  EXPECT_GT(lines[0]["decode_seconds"].get<double>(), 0) << gen.output;
 }
 
 TEST(BenchmarkE2E, BadInput) {
