@@ -6,7 +6,7 @@ the steps after the first, timed between diffusers' step-end callbacks), the VAE
 denoising (from the pipeline call to the last step, as `sdtrain benchmark` measures it) and to the end of the decode.
 
 The prompt embeddings are random [1, 77, 768] tensors passed as prompt_embeds, so no CLIP tokenizer or text
-encoder (and no transformers) is needed; sdtrain's text encoder runs once per image either way.
+encoder runs; sdtrain's text encoder runs once per image either way.
 
 Needs Debian's python3-torch (the same PyTorch 1.13.1 source as libtorch-dev), diffusers 0.24.0's and
 huggingface_hub 0.19.4's sources (git tags v0.24.0 and v0.19.4, their src/ folders) and bench/reference/stand-ins:

@@ -6,7 +6,6 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
-
 #include <unistd.h>
 
 #include <algorithm>
