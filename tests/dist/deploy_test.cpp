@@ -5,10 +5,10 @@
 #include <fstream>
 #include <regex>
 
+#include "dist/store_listen.h"
 #include "io/atomic_file.h"
 #include "process_util.h"
 #include "test_util.h"
-#include "dist/store_listen.h"
 
 namespace sd {
 namespace {

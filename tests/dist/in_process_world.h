@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "dist/communicator.h"
-#include "process_util.h"
 #include "dist/store_listen.h"
 
 namespace sd::dist::testing {

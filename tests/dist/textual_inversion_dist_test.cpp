@@ -4,10 +4,10 @@
 #include <fstream>
 #include <thread>
 
+#include "dist/store_listen.h"
 #include "io/safetensors.h"
 #include "process_util.h"
 #include "test_util.h"
-#include "dist/store_listen.h"
 
 namespace sd {
 namespace {
