@@ -62,7 +62,7 @@ std::set<std::string> zero_gradient_parameters(const std::filesystem::path& unet
   return zero;
 }
 
-double bf16_tolerance(double native) { return cpu_runs_bf16_natively() ? native : 4 * native; }
+double bf16_tolerance(double native) { return cpu_runs_bf16_in_onednn() ? native : 4 * native; }
 
 void write_pattern_png(const std::filesystem::path& path, int width, int height, int stride) {
   io::RgbImage image{width, height, std::vector<uint8_t>(static_cast<size_t>(width) * height * 3)};

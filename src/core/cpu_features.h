@@ -3,9 +3,15 @@
 
 namespace sd {
 
-// Whether LibTorch 1.13 runs bf16 matmuls and convolutions through oneDNN here: it does when the CPU has AVX-512
-// BW, VL and DQ (the test of its mkldnn_bf16_device_check). Elsewhere (AVX2-only CPUs) it falls back to plain loops
-// that run ~15x slower than float32 and sum the products in bf16 (measured here: 4 GFLOP/s against 50-70).
-bool cpu_runs_bf16_natively();
+// Whether LibTorch 1.13 runs bf16 matmuls and convolutions through oneDNN here, summing products in float32: it
+// does when the CPU has AVX-512 BW, VL and DQ (the test of its mkldnn_bf16_device_check). Elsewhere (AVX2-only
+// CPUs) it falls back to plain loops that sum the products in bf16 and run ~15x slower than float32.
+bool cpu_runs_bf16_in_onednn();
+
+// Whether bf16 arithmetic is fast here: the CPU has bf16 dot-product instructions (AVX512_BF16, which every
+// AMX-BF16 CPU has too: Cooper Lake and Sapphire Rapids Xeons, Zen 4). AVX-512 CPUs without them (Skylake-SP,
+// Cascade Lake, Ice Lake Xeons) run oneDNN's emulated bf16 kernels, measured at ~55-60 GFLOP/s against 230-350 for
+// float32 on the same two cores (docs/benchmarks.md).
+bool cpu_has_fast_bf16();
 
 }  // namespace sd

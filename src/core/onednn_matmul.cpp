@@ -66,7 +66,7 @@ bool onednn_matmul_fits(const at::Tensor& a, const at::Tensor& b) {
   return a.dim() == 2 && b.dim() == 2 && a.scalar_type() == at::kBFloat16 && b.scalar_type() == at::kBFloat16 &&
          a.is_cpu() && b.is_cpu() && a.size(1) == b.size(0) &&
          a.size(0) * a.size(1) * b.size(1) >= kLeastOnednnProduct && matrix_strides(a) && matrix_strides(b) &&
-         cpu_runs_bf16_natively();
+         cpu_runs_bf16_in_onednn();
 }
 
 at::Tensor onednn_matmul(const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias) {

@@ -22,7 +22,7 @@ class OnednnMatmulTest : public ::testing::TestWithParam<Case> {};
 
 // The same oneDNN arithmetic as at::mm / at::addmm: the products must agree to the bit, whatever the layouts.
 TEST_P(OnednnMatmulTest, MatchesAtenBitForBit) {
-  if (!cpu_runs_bf16_natively()) GTEST_SKIP() << "this CPU runs bf16 outside oneDNN";
+  if (!cpu_runs_bf16_in_onednn()) GTEST_SKIP() << "this CPU runs bf16 outside oneDNN";
   const Case c = GetParam();
   at::manual_seed(c.m * 131 + c.k * 7 + c.n);
   const at::Tensor a = random_bf16({c.m, c.k}, c.a_transposed), b = random_bf16({c.k, c.n}, c.b_transposed);
@@ -43,7 +43,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, OnednnMatmulTest,
                                            Case{200, 24, 1, true, false, false}));
 
 TEST(OnednnMatmul, KeepsTwoShapesApart) {
-  if (!cpu_runs_bf16_natively()) GTEST_SKIP() << "this CPU runs bf16 outside oneDNN";
+  if (!cpu_runs_bf16_in_onednn()) GTEST_SKIP() << "this CPU runs bf16 outside oneDNN";
   const at::Tensor a = at::randn({64, 16}).to(at::kBFloat16), b = at::randn({16, 8}).to(at::kBFloat16);
   const at::Tensor a2 = at::randn({65, 16}).to(at::kBFloat16);
   EXPECT_TRUE(at::equal(onednn_matmul(a, b), at::mm(a, b)));
@@ -53,7 +53,7 @@ TEST(OnednnMatmul, KeepsTwoShapesApart) {
 
 TEST(OnednnMatmul, TakesOnlyBf16MatricesWithAUnitStride) {
   const at::Tensor a = at::randn({64, 16}).to(at::kBFloat16), b = at::randn({16, 8}).to(at::kBFloat16);
-  EXPECT_EQ(onednn_matmul_fits(a, b), cpu_runs_bf16_natively());
+  EXPECT_EQ(onednn_matmul_fits(a, b), cpu_runs_bf16_in_onednn());
   EXPECT_FALSE(onednn_matmul_fits(a.to(at::kFloat), b.to(at::kFloat)));
   EXPECT_FALSE(onednn_matmul_fits(a, b.t()));                                                     // 64x16 by 8x16
   EXPECT_FALSE(onednn_matmul_fits(at::randn({64, 32}).to(at::kBFloat16).slice(1, 0, 32, 2), b));  // stride 2
@@ -65,7 +65,7 @@ TEST(OnednnMatmul, TakesOnlyBf16MatricesWithAUnitStride) {
 TEST(OnednnMatmul, LeavesAtenItsSmallProducts) {
   const at::Tensor a = at::randn({16, 16}).to(at::kBFloat16);
   EXPECT_FALSE(onednn_matmul_fits(a, at::randn({16, 16}).to(at::kBFloat16)));
-  EXPECT_EQ(onednn_matmul_fits(a, at::randn({16, 17}).to(at::kBFloat16)), cpu_runs_bf16_natively());
+  EXPECT_EQ(onednn_matmul_fits(a, at::randn({16, 17}).to(at::kBFloat16)), cpu_runs_bf16_in_onednn());
 }
 
 }  // namespace

@@ -3,8 +3,6 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
-#include "core/cpu_features.h"
-
 namespace sd::models {
 namespace {
 
