@@ -18,6 +18,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <sstream>
 
 namespace sd::test {
 
@@ -61,6 +62,31 @@ std::set<std::string> zero_gradient_parameters(const std::filesystem::path& unet
     if (item.value().grad().abs().max().item<double>() < 1e-9 * largest) zero.insert(item.key());
   return zero;
 }
+
+namespace {
+
+// The text after "key<blanks>:" on the first /proc/cpuinfo line that starts with `key`, or "".
+std::string proc_cpuinfo_field(const std::string& key) {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  for (std::string line; std::getline(cpuinfo, line);) {
+    const size_t colon = line.find(':');
+    if (line.rfind(key, 0) != 0 || colon == std::string::npos) continue;
+    const size_t begin = line.find_first_not_of(" \t", colon + 1);
+    return begin == std::string::npos ? "" : line.substr(begin);
+  }
+  return "";
+}
+
+}  // namespace
+
+std::set<std::string> proc_cpuinfo_flags() {
+  std::istringstream words(proc_cpuinfo_field("flags"));
+  std::set<std::string> flags;
+  for (std::string w; words >> w;) flags.insert(w);
+  return flags;
+}
+
+std::string proc_cpuinfo_model_name() { return proc_cpuinfo_field("model name"); }
 
 double bf16_tolerance(double native) { return cpu_runs_bf16_in_onednn() ? native : 4 * native; }
 

@@ -30,6 +30,11 @@ inline ::testing::AssertionResult close_rel_max(const at::Tensor& actual, const 
 // Three images of the fixtures in `dir`, a Hugging Face imagefolder with captions (metadata.jsonl); returns `dir`.
 std::filesystem::path write_image_folder(const std::filesystem::path& dir);
 
+// The kernel's account of this CPU, from /proc/cpuinfo's first processor: its flags (empty where unreadable) and its
+// "model name" (empty where absent). An independent check of what core/cpu_features.h and perf/machine.h report.
+std::set<std::string> proc_cpuinfo_flags();
+std::string proc_cpuinfo_model_name();
+
 // A tolerance for results computed in bf16: `native` where LibTorch runs bf16 through oneDNN (float32
 // accumulation), 4x that where it falls back to loops that accumulate in bf16 (core/cpu_features.h).
 double bf16_tolerance(double native);

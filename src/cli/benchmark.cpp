@@ -285,6 +285,7 @@ int run_benchmark(BenchmarkOptions o) {
                {"bucket_cap_mb", o.bucket_cap_mb},
                {"world_size", m.world},
                {"threads", at::get_num_threads()},
+               {"cpu", {{"model", perf::cpu_model_name()}, {"kind", perf::cpu_kind()}}},
                {"s_per_step", seconds},
                {"step_seconds", m.step_seconds},
                {"images_per_s", images_per_s},
@@ -305,10 +306,12 @@ int run_benchmark(BenchmarkOptions o) {
   std::fflush(stdout);
   log::info(
       "{} {} {}² batch {} {} ({} compute), {} rank(s) x {} thread(s): {:.3f} s/step, {:.2f} images/s, "
-      "{:.1f} GFLOP/s = {:.0f}% of the {} GEMM peak ({:.0f} GFLOP/s; bf16 {:.0f}, float32 {:.0f}), peak {:.2f} GiB",
+      "{:.1f} GFLOP/s = {:.0f}% of the {} GEMM peak ({:.0f} GFLOP/s; bf16 {:.0f}, float32 {:.0f}), peak {:.2f} GiB; "
+      "{} ({})",
       o.task, model_name, o.resolution, o.train_batch_size, o.mixed_precision, dtype_name(precision.compute), m.world,
       at::get_num_threads(), seconds, images_per_s, gflops, 100 * gflops / compute_peak, dtype_name(precision.compute),
-      compute_peak, bf16_peak, fp32_peak, static_cast<double>(m.peak_rss) / (1 << 30));
+      compute_peak, bf16_peak, fp32_peak, static_cast<double>(m.peak_rss) / (1 << 30), perf::cpu_model_name(),
+      perf::cpu_kind());
   if (m.decode_seconds) log::info("VAE decode and conversion to images: {:.3f} s", *m.decode_seconds);
   if (!m.profile.seconds.empty()) {
     double measured = 0;

@@ -7,7 +7,25 @@
 #include <string>
 #include <vector>
 
+#include "core/cpu_features.h"
+
 namespace sd::perf {
+
+std::string cpu_model_name() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  for (std::string line; std::getline(cpuinfo, line);) {
+    const size_t colon = line.find(':');
+    if (line.rfind("model name", 0) != 0 || colon == std::string::npos) continue;
+    const size_t begin = line.find_first_not_of(" \t", colon + 1);
+    if (begin != std::string::npos) return line.substr(begin);
+  }
+  return "unknown CPU";
+}
+
+const char* cpu_kind() {
+  if (cpu_has_fast_bf16()) return "AVX-512 with bf16 instructions";
+  return cpu_runs_bf16_in_onednn() ? "AVX-512 without bf16 instructions" : "no AVX-512";
+}
 
 void reset_peak_rss() { std::ofstream("/proc/self/clear_refs") << "5"; }
 

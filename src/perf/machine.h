@@ -1,11 +1,18 @@
-// What a benchmark measures about the machine: peak resident memory, network traffic and the GEMM throughput MFU is
-// taken against.
+// What a benchmark measures about the machine: the CPU, peak resident memory, network traffic and the GEMM throughput
+// MFU is taken against.
 #pragma once
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <string>
 
 namespace sd::perf {
+
+// The processor as the kernel names it ("model name" in /proc/cpuinfo), or "unknown CPU".
+std::string cpu_model_name();
+// What decides sdtrain's arithmetic on this CPU (core/cpu_features.h): "AVX-512 with bf16 instructions", "AVX-512
+// without bf16 instructions" or "no AVX-512". Numbers from different kinds do not compare.
+const char* cpu_kind();
 
 // Resets this process's peak-RSS mark (Linux >= 4.0), so peak_rss_bytes() covers only what follows.
 void reset_peak_rss();

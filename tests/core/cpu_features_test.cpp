@@ -2,30 +2,13 @@
 
 #include <gtest/gtest.h>
 
-#include <fstream>
-#include <set>
-#include <sstream>
-#include <string>
+#include "test_util.h"
 
 namespace sd {
 namespace {
 
-// The kernel's own account of the CPU: the flags of /proc/cpuinfo's first processor.
-std::set<std::string> proc_cpuinfo_flags() {
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(cpuinfo, line))
-    if (line.rfind("flags", 0) == 0) {
-      std::istringstream words(line.substr(line.find(':') + 1));
-      std::set<std::string> flags;
-      for (std::string w; words >> w;) flags.insert(w);
-      return flags;
-    }
-  return {};
-}
-
 TEST(CpuFeatures, AgreeWithTheKernelsFlags) {
-  const std::set<std::string> flags = proc_cpuinfo_flags();
+  const std::set<std::string> flags = test::proc_cpuinfo_flags();
   if (flags.empty()) GTEST_SKIP() << "no /proc/cpuinfo flags here";
   const bool avx512_for_onednn = flags.count("avx512bw") && flags.count("avx512vl") && flags.count("avx512dq");
   EXPECT_EQ(cpu_runs_bf16_in_onednn(), avx512_for_onednn);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "models/unet/unet_2d_condition.h"
@@ -76,6 +77,27 @@ TEST(BenchmarkE2E, UNetTrainingReportsStepsFlopsMfuMemoryAndOpClasses) {
   EXPECT_GT(j["gemm_peak_gflops"]["float32"].get<double>(), 0);
   for (const char* op : {"conv", "linear", "attention", "norm", "optimizer"})
     EXPECT_GT(j["op_seconds"][op].get<double>(), 0) << op;
+}
+
+// The line names the CPU (numbers from different kinds do not compare), and --mixed_precision bf16 computes in bf16
+// exactly where the CPU has bf16 instructions: emulated bf16 on other AVX-512 CPUs runs at a quarter of float32's
+// speed.
+TEST(BenchmarkE2E, NamesTheCpuAndComputesBf16OnlyWhereItIsFast) {
+  auto r =
+      sd::test::run_process(benchmark({"--task=textual-inversion", "--mixed_precision=bf16", "--no_profile"}), 300s);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto lines = json_lines(r.output);
+  ASSERT_EQ(lines.size(), 1u) << r.output;
+  const std::set<std::string> flags = sd::test::proc_cpuinfo_flags();
+  if (flags.empty()) GTEST_SKIP() << "no /proc/cpuinfo flags here";
+  const bool avx512 = flags.count("avx512bw") && flags.count("avx512vl") && flags.count("avx512dq");
+  const bool bf16 = avx512 && flags.count("avx512_bf16");
+  EXPECT_EQ(lines[0]["cpu"]["model"], sd::test::proc_cpuinfo_model_name());
+  EXPECT_EQ(lines[0]["cpu"]["kind"], bf16     ? "AVX-512 with bf16 instructions"
+                                     : avx512 ? "AVX-512 without bf16 instructions"
+                                              : "no AVX-512");
+  EXPECT_EQ(lines[0]["compute_dtype"], bf16 ? "bf16" : "float32");
+  EXPECT_EQ(r.output.find("computing in float32 instead") == std::string::npos, bf16) << r.output;
 }
 
 // LoRA: the frozen UNet's forward and activation backward (2x the forward), only the adapters counted as trained.
