@@ -79,11 +79,13 @@ std::string proc_cpuinfo_field(const std::string& key) {
 
 }  // namespace
 
-std::set<std::string> proc_cpuinfo_flags() {
+std::optional<CpuinfoBf16> proc_cpuinfo_bf16() {
   std::istringstream words(proc_cpuinfo_field("flags"));
   std::set<std::string> flags;
   for (std::string w; words >> w;) flags.insert(w);
-  return flags;
+  if (flags.empty()) return std::nullopt;
+  const bool in_onednn = flags.count("avx512bw") && flags.count("avx512vl") && flags.count("avx512dq");
+  return CpuinfoBf16{in_onednn, in_onednn && flags.count("avx512_bf16") > 0};
 }
 
 std::string proc_cpuinfo_model_name() { return proc_cpuinfo_field("model name"); }

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -30,9 +31,14 @@ inline ::testing::AssertionResult close_rel_max(const at::Tensor& actual, const 
 // Three images of the fixtures in `dir`, a Hugging Face imagefolder with captions (metadata.jsonl); returns `dir`.
 std::filesystem::path write_image_folder(const std::filesystem::path& dir);
 
-// The kernel's account of this CPU, from /proc/cpuinfo's first processor: its flags (empty where unreadable) and its
-// "model name" (empty where absent). An independent check of what core/cpu_features.h and perf/machine.h report.
-std::set<std::string> proc_cpuinfo_flags();
+// What the kernel says of this CPU's bf16 (/proc/cpuinfo's flags, an account independent of core/cpu_features.h):
+// whether LibTorch runs bf16 in oneDNN (AVX-512 BW, VL and DQ) and whether the CPU has bf16 instructions
+// (AVX512_BF16 as well). nullopt where /proc/cpuinfo has no flags.
+struct CpuinfoBf16 {
+  bool in_onednn, instructions;
+};
+std::optional<CpuinfoBf16> proc_cpuinfo_bf16();
+// The processor's "model name" in /proc/cpuinfo, or "".
 std::string proc_cpuinfo_model_name();
 
 // A tolerance for results computed in bf16: `native` where LibTorch runs bf16 through oneDNN (float32

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <set>
 #include <sstream>
 
 #include "models/unet/unet_2d_condition.h"
@@ -88,10 +87,9 @@ TEST(BenchmarkE2E, NamesTheCpuAndComputesBf16OnlyWhereItIsFast) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto lines = json_lines(r.output);
   ASSERT_EQ(lines.size(), 1u) << r.output;
-  const std::set<std::string> flags = sd::test::proc_cpuinfo_flags();
-  if (flags.empty()) GTEST_SKIP() << "no /proc/cpuinfo flags here";
-  const bool avx512 = flags.count("avx512bw") && flags.count("avx512vl") && flags.count("avx512dq");
-  const bool bf16 = avx512 && flags.count("avx512_bf16");
+  const auto cpuinfo = sd::test::proc_cpuinfo_bf16();
+  if (!cpuinfo) GTEST_SKIP() << "no /proc/cpuinfo flags here";
+  const bool avx512 = cpuinfo->in_onednn, bf16 = cpuinfo->instructions;
   EXPECT_EQ(lines[0]["cpu"]["model"], sd::test::proc_cpuinfo_model_name());
   EXPECT_EQ(lines[0]["cpu"]["kind"], bf16     ? "AVX-512 with bf16 instructions"
                                      : avx512 ? "AVX-512 without bf16 instructions"
