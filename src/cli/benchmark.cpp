@@ -273,6 +273,7 @@ int run_benchmark(BenchmarkOptions o) {
   const double gflops = static_cast<double>(m.flops_per_step) / seconds / 1e9;
   const train::PrecisionPolicy precision = train::PrecisionPolicy::from_flag(o.mixed_precision);
   const double compute_peak = precision.compute == at::kBFloat16 ? bf16_peak : fp32_peak;
+  const std::string cpu_model = perf::cpu_model_name();
   json line = {{"task", o.task},
                {"lora_rank", o.lora_rank ? json(*o.lora_rank) : json()},
                {"model", model_name},
@@ -285,7 +286,7 @@ int run_benchmark(BenchmarkOptions o) {
                {"bucket_cap_mb", o.bucket_cap_mb},
                {"world_size", m.world},
                {"threads", at::get_num_threads()},
-               {"cpu", {{"model", perf::cpu_model_name()}, {"kind", perf::cpu_kind()}}},
+               {"cpu", {{"model", cpu_model}, {"kind", perf::cpu_kind()}}},
                {"s_per_step", seconds},
                {"step_seconds", m.step_seconds},
                {"images_per_s", images_per_s},
@@ -310,8 +311,7 @@ int run_benchmark(BenchmarkOptions o) {
       "{} ({})",
       o.task, model_name, o.resolution, o.train_batch_size, o.mixed_precision, dtype_name(precision.compute), m.world,
       at::get_num_threads(), seconds, images_per_s, gflops, 100 * gflops / compute_peak, dtype_name(precision.compute),
-      compute_peak, bf16_peak, fp32_peak, static_cast<double>(m.peak_rss) / (1 << 30), perf::cpu_model_name(),
-      perf::cpu_kind());
+      compute_peak, bf16_peak, fp32_peak, static_cast<double>(m.peak_rss) / (1 << 30), cpu_model, perf::cpu_kind());
   if (m.decode_seconds) log::info("VAE decode and conversion to images: {:.3f} s", *m.decode_seconds);
   if (!m.profile.seconds.empty()) {
     double measured = 0;
