@@ -3,6 +3,8 @@
 // minimal traffic (AdamW: read g, p, m, v and write p, m, v = 28 bytes per parameter; EMA: 12).
 // The bf16 training step's two forms: float32 gradients, then a separate refresh of the bf16 compute weights
 // (28 + 6 bytes), against bf16 gradients read and the bf16 weights written in the same pass (2 + 12 + 12 + 2 = 28).
+// The gradient norm (clip_grad_norm_'s pass, 4 bytes) over parameter-sized pieces of 2M values: one piece after
+// another, against the threads each taking whole pieces.
 //   bench_optimizer [millions of parameters, default 100] [threads, default 2]
 #include <torch/optim/adamw.h>
 
@@ -13,6 +15,7 @@
 #include "core/threads.h"
 #include "train/adamw.h"
 #include "train/ema.h"
+#include "train/gradient_norm.h"
 
 int main(int argc, char** argv) {
   sd::set_compute_threads(argc > 2 ? std::atoi(argv[2]) : 2);
@@ -42,6 +45,18 @@ int main(int argc, char** argv) {
   sd::train::Ema ema(sd::train::EmaOptions{}, {p});
   const auto ema_time = sd::bench::time_it([&] { ema.update({fused_p}); }, 1, 5);
 
+  const std::vector<at::Tensor> pieces = g.split(int64_t{1} << 21);
+  double norm_in_turn = 0, norm_shared = 0;
+  const auto pieces_in_turn = sd::bench::time_it(
+      [&] {
+        norm_in_turn = 0;
+        for (const auto& piece : pieces) norm_in_turn += sd::train::squared_l2_norm(piece);
+      },
+      1, 5);
+  const auto pieces_shared =
+      sd::bench::time_it([&] { norm_shared = sd::train::sum_of_squared_l2_norms(pieces); }, 1, 5);
+  if (norm_in_turn != norm_shared) std::fprintf(stderr, "the two gradient norms differ\n");
+
   auto gbps = [&](double bytes_per_param, double s) { return bytes_per_param * static_cast<double>(n) / s / 1e9; };
   const nlohmann::json result = {{"parameters", n},
                                  {"libtorch_adamw", sd::bench::timing_json(libtorch)},
@@ -49,7 +64,10 @@ int main(int argc, char** argv) {
                                  {"fused_ema", sd::bench::timing_json(ema_time)},
                                  {"bf16_step_float32_grads_then_refresh", sd::bench::timing_json(bf16_then_refresh)},
                                  {"bf16_step_bf16_grads_one_pass", sd::bench::timing_json(bf16_one_pass)},
+                                 {"norm_pieces_in_turn", sd::bench::timing_json(pieces_in_turn)},
+                                 {"norm_pieces_shared_by_threads", sd::bench::timing_json(pieces_shared)},
                                  {"speedup", libtorch.median_s / ours.median_s},
+                                 {"norm_speedup", pieces_in_turn.median_s / pieces_shared.median_s},
                                  {"fused_adamw_gb_per_s", gbps(28, ours.median_s)},
                                  {"libtorch_adamw_effective_gb_per_s", gbps(28, libtorch.median_s)},
                                  {"fused_ema_gb_per_s", gbps(12, ema_time.median_s)},

@@ -59,4 +59,19 @@ double squared_l2_norm(const at::Tensor& gradient) {
   return total;
 }
 
+double sum_of_squared_l2_norms(const std::vector<at::Tensor>& pieces) {
+  // Threads get runs of consecutive pieces of about equal elements: a piece belongs to the run holding its first.
+  std::vector<int64_t> starts(pieces.size() + 1, 0);
+  for (size_t i = 0; i < pieces.size(); ++i) starts[i + 1] = starts[i] + pieces[i].numel();
+  std::vector<double> squares(pieces.size(), 0.0);
+  sd::parallel_for(0, starts.back(), 1 << 16, [&](int64_t begin, int64_t end) {
+    const size_t first = std::lower_bound(starts.begin(), starts.end() - 1, begin) - starts.begin();
+    for (size_t i = first; i < pieces.size() && starts[i] < end; ++i)
+      if (pieces[i].numel() > 0) squares[i] = squared_l2_norm(pieces[i]);
+  });
+  double total = 0;
+  for (double s : squares) total += s;
+  return total;
+}
+
 }  // namespace sd::train

@@ -122,9 +122,11 @@ double TrainableParameters::reduce_gradients(int64_t micro_batches, std::optiona
   double sum_of_squares = 0;
   {
     SD_PERF_SCOPE("sdtrain::optimizer");  // clip_grad_norm_'s pass over the gradients
+    std::vector<at::Tensor> pieces;
     for (size_t b = 0; b < grads_.size(); ++b)
       for (const dist::OwnedPiece& piece : layout_->owned_pieces(b, rank_))
-        sum_of_squares += squared_l2_norm(grads_[b].narrow(0, piece.offset, piece.end - piece.begin));
+        pieces.push_back(grads_[b].narrow(0, piece.offset, piece.end - piece.begin));
+    sum_of_squares = sum_of_squared_l2_norms(pieces);
   }
   if (layout_->sharded() && comm_->world_size() > 1) {
     SD_PERF_SCOPE("sdtrain::communication");

@@ -45,5 +45,27 @@ TEST(GradientNorm, AnInfiniteOrNanGradientShows) {
   EXPECT_TRUE(std::isnan(squared_l2_norm(g)));
 }
 
+// Threads take whole pieces, so each float32 piece keeps LibTorch's digits and the total is their sum in order,
+// whatever the thread count; empty pieces and pieces of very different sizes included.
+TEST(GradientNorm, PiecesAreSummedInOrderWithEachPiecesOwnDigits) {
+  at::manual_seed(1);
+  const std::vector<at::Tensor> pieces = {at::randn({300000}),
+                                          at::randn({0}),
+                                          at::randn({7}),
+                                          at::randn({200001}),
+                                          (at::randn({70000}) * 1e-2).to(at::kBFloat16),
+                                          at::randn({0})};
+  double in_order = 0;
+  for (const auto& p : pieces) in_order += p.numel() > 0 ? squared_l2_norm(p) : 0.0;
+  for (const int threads : {1, 2, 3}) {
+    const int saved = at::get_num_threads();
+    at::set_num_threads(threads);
+    const double total = sum_of_squared_l2_norms(pieces);
+    at::set_num_threads(saved);
+    EXPECT_EQ(total, in_order) << threads << " threads";
+  }
+  EXPECT_EQ(sum_of_squared_l2_norms({}), 0.0);
+}
+
 }  // namespace
 }  // namespace sd::train
