@@ -72,9 +72,8 @@ void GradientReducer::begin_micro_batch(bool first, bool last) {
   }
   // Unsharded, a step's micro-batches accumulate into the same buffers: the first write of a step copies.
   if (sharded_ || first) written_.assign(written_.size(), false);
-  // One rank's only micro-batch sums nothing: its buffers keep autograd's dtype (bf16 halves their memory and the
-  // optimizer's reads; in float32 they would hold the very same values).
-  if (first) buffer_dtype_ = comm_->world_size() == 1 && last ? params_.front().scalar_type() : at::kFloat;
+  keep_autograd_grads_ = comm_->world_size() == 1 && first && last;
+  kept_.assign(keep_autograd_grads_ ? params_.size() : 0, at::Tensor());
   ready_.assign(ready_.size(), 0);
   next_to_send_ = 0;
 }
@@ -87,6 +86,10 @@ void GradientReducer::on_grad_ready(size_t i) {
     return;
   }
   try {
+    if (keep_autograd_grads_) {
+      keep_gradient_locked(i);
+      return;
+    }
     const size_t b = layout_.bucket_of(i);
     const BucketSlot& slot = layout_.slot_of(i);
     at::Tensor dst = buffer_for(b).narrow(0, slot.offset, slot.numel);
@@ -104,6 +107,15 @@ void GradientReducer::on_grad_ready(size_t i) {
   }
 }
 
+// AccumulateGrad hands over autograd's own tensor whenever it can, strided like the (contiguous) parameter.
+void GradientReducer::keep_gradient_locked(size_t i) {
+  at::Tensor& p = params_[i];
+  kept_[i] = p.grad().contiguous().view({-1});
+  p.mutable_grad() = at::Tensor();
+  buffered_bytes_ += kept_[i].nbytes();
+  peak_buffered_bytes_ = std::max(peak_buffered_bytes_, buffered_bytes_);
+}
+
 // Sharded, at most this many buckets travel while backward goes on; a bucket needing a buffer beyond that first
 // waits for the oldest to arrive, so communication slower than backward cannot pile up gradients.
 constexpr size_t kMaxBucketsInFlight = 2;
@@ -115,7 +127,7 @@ constexpr size_t kMaxBucketsInFlight = 2;
 at::Tensor& GradientReducer::buffer_for(size_t b) {
   if (!buffers_[b].defined()) {
     while (sharded_ && in_flight_.size() >= kMaxBucketsInFlight) complete_oldest_locked();
-    buffers_[b] = at::empty({layout_.buckets()[b].padded_numel}, buffer_dtype_);
+    buffers_[b] = at::empty({layout_.buckets()[b].padded_numel}, at::kFloat);
     buffered_bytes_ += buffers_[b].nbytes();
     peak_buffered_bytes_ = std::max(peak_buffered_bytes_, buffered_bytes_);
   }
@@ -174,16 +186,33 @@ void GradientReducer::end_micro_batch() {
   std::lock_guard<std::mutex> lock(mutex_);
   in_backward_ = false;
   check_hook_error_locked();
-  send_ready_buckets_locked(/*flush=*/true);
+  if (!keep_autograd_grads_) send_ready_buckets_locked(/*flush=*/true);
 }
 
-std::vector<at::Tensor> GradientReducer::finish() {
+std::vector<FlatPieces> GradientReducer::finish() {
   std::lock_guard<std::mutex> lock(mutex_);
   check_hook_error_locked();
+  if (keep_autograd_grads_) return kept_gradients_locked();
   while (!in_flight_.empty()) complete_oldest_locked();
-  std::vector<at::Tensor> reduced(buffers_.size());
-  std::swap(reduced, sharded_ ? owned_sums_ : buffers_);
+  std::vector<at::Tensor> sums(buffers_.size());
+  std::swap(sums, sharded_ ? owned_sums_ : buffers_);
   if (!sharded_) buffered_bytes_ = 0;
+  std::vector<FlatPieces> reduced;
+  for (at::Tensor& sum : sums) reduced.push_back({{0, std::move(sum)}});
+  return reduced;
+}
+
+// A parameter that took no part in the step's loss gets zeros, as in a bucket.
+std::vector<FlatPieces> GradientReducer::kept_gradients_locked() {
+  std::vector<FlatPieces> reduced(layout_.buckets().size());
+  for (size_t b = 0; b < reduced.size(); ++b)
+    for (const BucketSlot& slot : layout_.buckets()[b].slots) {
+      at::Tensor& kept = kept_[slot.param];
+      if (!kept.defined()) kept = at::zeros({slot.numel}, params_[slot.param].options().requires_grad(false));
+      reduced[b].push_back({slot.offset, std::move(kept)});
+    }
+  kept_.clear();
+  buffered_bytes_ = 0;
   return reduced;
 }
 

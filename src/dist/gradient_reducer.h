@@ -5,9 +5,10 @@
 //     with no_sync, then a sync step);
 //   - with sharding, every micro-batch's buckets are reduce-scattered and each rank keeps only the sum of its own
 //     slice, so no rank ever holds a whole model's gradients (FSDP's SHARD_GRAD_OP).
-// Gradients are accumulated and reduced in float32 whatever the compute dtype; only a single rank's single
-// micro-batch, where nothing is summed, keeps the parameters' dtype. finish() returns sums over ranks and
-// micro-batches; dividing by them is the caller's choice.
+// Gradients are accumulated and reduced in float32 whatever the compute dtype. A single rank's single micro-batch sums
+// nothing, so it copies nothing either: autograd's gradients are kept as they are, in the parameters' dtype (a copy
+// into the buckets cost 0.25 s of a 3.7 s SD-1.5 step). finish() returns sums over ranks and micro-batches; dividing
+// by them is the caller's choice.
 #pragma once
 #include <ATen/ATen.h>
 
@@ -18,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "core/flat_pieces.h"
 #include "dist/bucket_layout.h"
 #include "dist/communicator.h"
 
@@ -36,15 +38,15 @@ class GradientReducer {
   // Sends the buckets backward left incomplete (a parameter without a gradient counts as zeros).
   void end_micro_batch();
   // After the last micro-batch: waits for every bucket and returns per bucket this rank's owned slice of the gradient
-  // summed over ranks and micro-batches (layout.owned_numel(b, rank) elements, float32 or as said above). The reducer
-  // keeps no reference to them: they are freed when the caller drops them. Throws sd::Error naming a lost rank if a
-  // collective failed.
-  std::vector<at::Tensor> finish();
+  // summed over ranks and micro-batches (layout.owned_numel(b, rank) elements): one float32 piece, or for a lone
+  // rank's only micro-batch one piece per parameter as autograd made it. The reducer keeps no reference to them:
+  // they are freed when the caller drops them. Throws sd::Error naming a lost rank if a collective failed.
+  std::vector<FlatPieces> finish();
 
   // How many buckets were sent while backward was still running, in the last step (for tests and metrics).
   int64_t buckets_sent_during_backward() const { return sent_during_backward_; }
   // The most bytes of gradient buffers alive at once so far: sharded, one micro-batch's buckets being filled, waiting
-  // for an earlier bucket or travelling (the owned sums not counted); unsharded, the step's whole gradient.
+  // for an earlier bucket or travelling (the owned sums not counted); unsharded or kept, the step's whole gradient.
   int64_t peak_buffered_bytes() const { return peak_buffered_bytes_; }
 
  private:
@@ -54,6 +56,8 @@ class GradientReducer {
     std::unique_ptr<PendingCollective> pending;
   };
   void on_grad_ready(size_t param);
+  void keep_gradient_locked(size_t param);
+  std::vector<FlatPieces> kept_gradients_locked();
   at::Tensor& buffer_for(size_t bucket);
   void send_ready_buckets_locked(bool flush);
   void send_bucket_locked(size_t bucket);
@@ -68,7 +72,8 @@ class GradientReducer {
   // Without sharding: the whole step's gradient per bucket. With sharding: per bucket the micro-batch being
   // gathered and the running sum of the owned slice. All undefined between steps (see buffer_for).
   std::vector<at::Tensor> buffers_;
-  at::ScalarType buffer_dtype_ = at::kFloat;
+  bool keep_autograd_grads_ = false;  // this micro-batch is a lone rank's only one: no buckets
+  std::vector<at::Tensor> kept_;      // then per parameter: its gradient, flat
   std::vector<at::Tensor> owned_sums_;
   std::deque<InFlight> in_flight_;
   std::vector<bool> written_;  // parameter's gradient copied in during this micro-batch (or step, unsharded)

@@ -101,9 +101,47 @@ void update_range(float* p, const Grad* g, float* m, float* v, c10::BFloat16* ro
 
 void AdamW::step(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads, double lr,
                  double grad_scale, const std::vector<at::Tensor>& rounded_copies) {
+  std::vector<FlatPieces> whole;
+  for (const at::Tensor& g : grads) whole.push_back({{0, g.reshape({-1})}});
+  step(params, whole, lr, grad_scale, rounded_copies);
+}
+
+namespace {
+
+// Everything step() relies on, checked before any parameter changes.
+void check_step_arguments(const std::vector<at::Tensor>& params, const std::vector<FlatPieces>& grads,
+                          const std::vector<at::Tensor>& rounded_copies) {
   SD_CHECK(params.size() == grads.size(), "AdamW: {} parameters but {} gradients", params.size(), grads.size());
   SD_CHECK(rounded_copies.empty() || rounded_copies.size() == params.size(), "AdamW: {} parameters but {} copies",
            params.size(), rounded_copies.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor& p = params[i];
+    SD_CHECK(p.scalar_type() == at::kFloat && p.is_contiguous(),
+             "AdamW updates contiguous float32 tensors (parameter {} is {})", i, c10::toString(p.scalar_type()));
+    int64_t covered = 0;
+    for (const FlatPiece& piece : grads[i]) {
+      const at::Tensor& g = piece.values;
+      SD_CHECK(piece.offset == covered && g.dim() == 1 && g.is_contiguous() &&
+                   (g.scalar_type() == at::kFloat || g.scalar_type() == at::kBFloat16),
+               "AdamW reads flat contiguous float32 or bf16 gradients covering their parameter in order (parameter "
+               "{}: a {} piece of {} elements at {}, after {})",
+               i, c10::toString(g.scalar_type()), g.numel(), piece.offset, covered);
+      covered += g.numel();
+    }
+    SD_CHECK(covered == p.numel(), "AdamW: parameter {} has {} elements, its gradient {}", i, p.numel(), covered);
+    if (!rounded_copies.empty()) {
+      const at::Tensor& r = rounded_copies[i];
+      SD_CHECK(r.scalar_type() == at::kBFloat16 && r.is_contiguous() && r.numel() == p.numel(),
+               "AdamW: the rounded copy of parameter {} must be a contiguous bf16 tensor of {} elements", i, p.numel());
+    }
+  }
+}
+
+}  // namespace
+
+void AdamW::step(const std::vector<at::Tensor>& params, const std::vector<FlatPieces>& grads, double lr,
+                 double grad_scale, const std::vector<at::Tensor>& rounded_copies) {
+  check_step_arguments(params, grads, rounded_copies);
   at::NoGradGuard no_grad;
   if (exp_avg_.empty()) {
     for (const auto& p : params) {
@@ -128,30 +166,20 @@ void AdamW::step(const std::vector<at::Tensor>& params, const std::vector<at::Te
   // One pass over each tensor reading g, p, m, v and writing p, m, v (and the bf16 copy): the optimizer is
   // memory-bound, and LibTorch's op-by-op form reads and writes the same arrays about ten times (docs/benchmarks.md).
   for (size_t i = 0; i < params.size(); ++i) {
-    const at::Tensor& p = params[i];
-    const at::Tensor& g = grads[i];
-    const bool bf16_grad = g.scalar_type() == at::kBFloat16;
-    SD_CHECK(p.scalar_type() == at::kFloat && p.is_contiguous() && g.is_contiguous() && g.numel() == p.numel() &&
-                 (bf16_grad || g.scalar_type() == at::kFloat),
-             "AdamW updates contiguous float32 tensors from float32 or bf16 gradients (parameter {} is {} with {} "
-             "elements, its gradient {} with {})",
-             i, c10::toString(p.scalar_type()), p.numel(), c10::toString(g.scalar_type()), g.numel());
-    c10::BFloat16* rounded = nullptr;
-    if (!rounded_copies.empty()) {
-      const at::Tensor& r = rounded_copies[i];
-      SD_CHECK(r.scalar_type() == at::kBFloat16 && r.is_contiguous() && r.numel() == p.numel(),
-               "AdamW: the rounded copy of parameter {} must be a contiguous bf16 tensor of {} elements", i, p.numel());
-      rounded = r.data_ptr<c10::BFloat16>();
+    for (const FlatPiece& piece : grads[i]) {
+      const at::Tensor& g = piece.values;
+      float* p = params[i].data_ptr<float>() + piece.offset;
+      float* m = exp_avg_[i].data_ptr<float>() + piece.offset;
+      float* v = exp_avg_sq_[i].data_ptr<float>() + piece.offset;
+      c10::BFloat16* rounded =
+          rounded_copies.empty() ? nullptr : rounded_copies[i].data_ptr<c10::BFloat16>() + piece.offset;
+      sd::parallel_for(0, g.numel(), 1 << 16, [&](int64_t begin, int64_t end) {
+        if (g.scalar_type() == at::kBFloat16)
+          update_range(p, g.data_ptr<c10::BFloat16>(), m, v, rounded, begin, end, c);
+        else
+          update_range(p, g.data_ptr<float>(), m, v, rounded, begin, end, c);
+      });
     }
-    float* pp = p.data_ptr<float>();
-    float* mp = exp_avg_[i].data_ptr<float>();
-    float* vp = exp_avg_sq_[i].data_ptr<float>();
-    sd::parallel_for(0, p.numel(), 1 << 16, [&](int64_t begin, int64_t end) {
-      if (bf16_grad)
-        update_range(pp, g.data_ptr<c10::BFloat16>(), mp, vp, rounded, begin, end, c);
-      else
-        update_range(pp, g.data_ptr<float>(), mp, vp, rounded, begin, end, c);
-    });
   }
 }
 

@@ -7,6 +7,8 @@
 
 #include <vector>
 
+#include "core/flat_pieces.h"
+
 namespace sd::train {
 
 struct AdamWOptions {
@@ -28,6 +30,9 @@ class AdamW {
   // rounded_copies[i] (bf16) receives the new params[i] rounded as .copy_() rounds, in the same pass: a bf16
   // model's weights are refreshed without reading the float32 masters again.
   void step(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads, double lr,
+            double grad_scale = 1.0, const std::vector<at::Tensor>& rounded_copies = {});
+  // The same with each gradient in pieces that together cover its parameter's elements.
+  void step(const std::vector<at::Tensor>& params, const std::vector<FlatPieces>& grads, double lr,
             double grad_scale = 1.0, const std::vector<at::Tensor>& rounded_copies = {});
 
   // Optimizer steps taken (torch's per-parameter `step`; here every parameter is updated at every step).

@@ -125,7 +125,7 @@ double TrainableParameters::reduce_gradients(int64_t micro_batches, std::optiona
     std::vector<at::Tensor> pieces;
     for (size_t b = 0; b < grads_.size(); ++b)
       for (const dist::OwnedPiece& piece : layout_->owned_pieces(b, rank_))
-        pieces.push_back(grads_[b].narrow(0, piece.offset, piece.end - piece.begin));
+        pieces.push_back(narrow_pieces(grads_[b], piece.offset, piece.end - piece.begin));
     sum_of_squares = sum_of_squared_l2_norms(pieces);
   }
   if (layout_->sharded() && comm_->world_size() > 1) {
@@ -163,8 +163,7 @@ at::Tensor TrainableParameters::gradient(size_t i) const {
   SD_CHECK(!grads_.empty(), "no reduced gradients (call reduce_gradients first)");
   SD_CHECK(!layout_->sharded() || comm_->world_size() == 1, "a sharded rank holds only its part of each gradient");
   const dist::BucketSlot& slot = layout_->slot_of(i);
-  return grads_[layout_->bucket_of(i)]
-             .narrow(0, slot.offset, slot.numel)
+  return narrow_pieces(grads_[layout_->bucket_of(i)], slot.offset, slot.numel)
              .view(params_[i].tensor.sizes())
              .to(at::kFloat) *
          grad_multiplier_;

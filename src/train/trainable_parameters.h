@@ -4,8 +4,8 @@
 //                    compute dtype, refreshed from the masters by every optimizer step (a bf16 model is never cast
 //                    per micro-batch);
 //   master weights   float32 (the compute buffer itself when computing in float32);
-//   gradients        reduced across ranks bucket by bucket during backward (dist/gradient_reducer.h), in float32,
-//                    or as autograd made them (bf16) for one rank's single micro-batch, where nothing is summed;
+//   gradients        reduced across ranks bucket by bucket during backward (dist/gradient_reducer.h), in float32;
+//                    one rank's single micro-batch, where nothing is summed, keeps autograd's own per parameter;
 //   AdamW moments and the EMA shadow, float32.
 // With sharding (FSDP's SHARD_GRAD_OP) each rank keeps masters, gradients, moments and EMA for its slice of every
 // bucket only, updates that slice, and all-gathers the new compute weights; without it every rank keeps everything.
@@ -114,7 +114,7 @@ class TrainableParameters {
   std::unique_ptr<dist::BucketLayout> layout_;
   std::vector<at::Tensor> compute_;  // per bucket, padded, compute dtype; the parameters are views into it
   std::vector<at::Tensor> master_;   // per bucket, this rank's slice, float32
-  std::vector<at::Tensor> grads_;    // per bucket, this rank's slice: sums over ranks and micro-batches
+  std::vector<FlatPieces> grads_;    // per bucket, this rank's slice: sums over ranks and micro-batches
   float grad_multiplier_ = 1;        // what turns grads_ into the gradient AdamW uses (mean, then clipping)
   AdamW adam_;
   std::optional<Ema> ema_;

@@ -104,10 +104,13 @@ std::vector<RankResult> run_step(int world, int micro_batches, int64_t cap, bool
       net.forward(input_for(r, m), !extra_on_rank0_only || r == 0).backward();
       reducer.end_micro_batch();
     }
-    const std::vector<at::Tensor> reduced = reducer.finish();
-    for (const auto& g : reduced) {
-      results[r].reducer_kept_a_gradient |= !only_the_caller_holds(g);
-      results[r].reduced.push_back(g.clone());
+    for (const FlatPieces& pieces : reducer.finish()) {
+      std::vector<at::Tensor> values;
+      for (const FlatPiece& piece : pieces) {
+        results[r].reducer_kept_a_gradient |= !only_the_caller_holds(piece.values);
+        values.push_back(piece.values.to(at::kFloat));
+      }
+      results[r].reduced.push_back(at::cat(values));
     }
     results[r].sent_during_backward = reducer.buckets_sent_during_backward();
     results[r].peak_buffered_bytes = reducer.peak_buffered_bytes();
@@ -165,35 +168,61 @@ TEST(GradientReducer, SingleRank) {
   expect_close(run_step(1, 2, 256, true, false));
 }
 
-// One rank's only micro-batch sums nothing, so its buckets keep the gradients as autograd made them (bf16 here, bit
-// for bit: half the memory and half the optimizer's reads); as soon as something is summed they are float32.
-TEST(GradientReducer, OneRanksOnlyMicroBatchKeepsTheGradientsDtype) {
+// One rank's only micro-batch sums nothing, so the reducer copies nothing: each parameter's piece is autograd's own
+// gradient (bf16 here, bit for bit, at its slot's offset; a parameter the loss left out gets zeros). As soon as
+// something is summed, the gradients go into float32 buckets.
+TEST(GradientReducer, OneRanksOnlyMicroBatchKeepsAutogradsGradients) {
   for (const bool sharded : {false, true}) {
     for (const int micro_batches : {1, 2}) {
       Net net;
       net.to(at::kBFloat16);
+      const std::vector<at::Tensor> params = net.parameters();
       BucketLayout layout(net.numels(), 256, 1, sharded);
       const auto expected = expected_buckets(layout, net, 1, micro_batches, false);
-      GradientReducer reducer(std::make_shared<LocalCommunicator>(), net.parameters(), layout);
+      GradientReducer reducer(std::make_shared<LocalCommunicator>(), params, layout);
       for (int m = 0; m < micro_batches; ++m) {
         reducer.begin_micro_batch(m == 0, m + 1 == micro_batches);
         net.forward(input_for(0, m), true).backward();
         reducer.end_micro_batch();
       }
-      const auto reduced = reducer.finish();
+      const std::vector<FlatPieces> reduced = reducer.finish();
       ASSERT_EQ(reduced.size(), expected.size());
       for (size_t b = 0; b < reduced.size(); ++b) {
         const std::string where = fmt::format("sharded {} micro-batches {} bucket {}", sharded, micro_batches, b);
-        const bool summed = micro_batches > 1;
-        if (!summed) {
-          EXPECT_EQ(reduced[b].scalar_type(), at::kBFloat16) << where;
-          EXPECT_TRUE(at::equal(reduced[b].to(at::kFloat), expected[b])) << where;
+        const std::vector<BucketSlot>& slots = layout.buckets()[b].slots;
+        if (micro_batches == 1) {
+          ASSERT_EQ(reduced[b].size(), slots.size()) << where;
+          for (size_t k = 0; k < slots.size(); ++k) {
+            EXPECT_EQ(reduced[b][k].offset, slots[k].offset) << where;
+            EXPECT_EQ(reduced[b][k].values.scalar_type(), at::kBFloat16) << where;
+            EXPECT_TRUE(
+                at::equal(reduced[b][k].values.to(at::kFloat), expected[b].narrow(0, slots[k].offset, slots[k].numel)))
+                << where;
+          }
         } else {
-          EXPECT_EQ(reduced[b].scalar_type(), at::kFloat) << where;
-          EXPECT_TRUE(sd::test::close_rel_max(reduced[b], expected[b], 1e-6)) << where;
+          ASSERT_EQ(reduced[b].size(), 1u) << where;
+          EXPECT_EQ(reduced[b][0].values.scalar_type(), at::kFloat) << where;
+          EXPECT_TRUE(sd::test::close_rel_max(reduced[b][0].values, expected[b], 1e-6)) << where;
         }
       }
+      for (const at::Tensor& p : params) EXPECT_FALSE(p.grad().defined()) << "the reducer took the gradients";
     }
+  }
+}
+
+TEST(GradientReducer, ALoneRanksParameterLeftOutOfTheLossGetsZeros) {
+  Net net;
+  const std::vector<at::Tensor> params = net.parameters();
+  BucketLayout layout(net.numels(), 256, 1, false);
+  GradientReducer reducer(std::make_shared<LocalCommunicator>(), params, layout);
+  reducer.begin_micro_batch(true, true);
+  net.forward(input_for(0, 0), /*use_extra=*/false).backward();
+  reducer.end_micro_batch();
+  const std::vector<FlatPieces> reduced = reducer.finish();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const BucketSlot& slot = layout.slot_of(i);
+    const at::Tensor g = narrow_pieces(reduced[layout.bucket_of(i)], slot.offset, slot.numel);
+    EXPECT_EQ(params[i].is_same(net.extra), at::equal(g, at::zeros_like(g))) << "parameter " << i;
   }
 }
 

@@ -68,6 +68,42 @@ TEST(AdamW, RefusesACopyThatIsNotBf16OfTheParametersSize) {
   EXPECT_THROW(adam.step({p}, {g.to(at::kDouble)}, 1e-3), Error);
 }
 
+// A gradient in pieces (a lone rank's per-parameter gradients over a bucket, mixed dtypes) updates each element as
+// the whole gradient would, bf16 copy included.
+TEST(AdamW, AGradientInPiecesIsTheWholeGradient) {
+  at::manual_seed(2);
+  const int64_t n = (int64_t{2} << 16) + 9;
+  at::Tensor a = at::randn({n}), b = a.clone();
+  at::Tensor copy_a = at::zeros({n}, at::kBFloat16), copy_b = copy_a.clone();
+  AdamW whole({}), in_pieces({});
+  for (int i = 0; i < 3; ++i) {
+    const at::Tensor g = at::randn({n}).to(at::kBFloat16).to(at::kFloat);
+    whole.step({a}, {g}, 1e-2, 0.5, {copy_a});
+    const FlatPieces pieces = {
+        {0, g.narrow(0, 0, 7)},
+        {7, g.narrow(0, 7, int64_t{1} << 16).to(at::kBFloat16)},
+        {7 + (int64_t{1} << 16), g.narrow(0, 7 + (int64_t{1} << 16), n - 7 - (int64_t{1} << 16))}};
+    in_pieces.step({b}, std::vector<FlatPieces>{pieces}, 1e-2, 0.5, {copy_b});
+    ASSERT_TRUE(at::equal(a, b)) << "step " << i;
+    ASSERT_TRUE(at::equal(copy_a, copy_b)) << "step " << i;
+  }
+}
+
+// Pieces must cover the parameter in order, each element once; a bad set changes nothing.
+TEST(AdamW, RefusesPiecesThatDoNotCoverTheParameter) {
+  AdamW adam({});
+  const at::Tensor p = at::zeros({6}), g = at::ones({6});
+  const std::vector<FlatPieces> bad = {{{0, g.narrow(0, 0, 3)}},
+                                       {{0, g.narrow(0, 0, 3)}, {4, g.narrow(0, 4, 2)}},
+                                       {{0, g.narrow(0, 0, 4)}, {3, g.narrow(0, 3, 3)}},
+                                       {{3, g.narrow(0, 3, 3)}, {0, g.narrow(0, 0, 3)}}};
+  for (const FlatPieces& pieces : bad) {
+    EXPECT_THROW(adam.step({p}, std::vector<FlatPieces>{pieces}, 1e-3), Error);
+    EXPECT_EQ(adam.steps(), 0);
+    EXPECT_TRUE(at::equal(p, at::zeros({6})));
+  }
+}
+
 TEST(AdamW, RefusesWhatTorchRefuses) {
   EXPECT_THROW(AdamW(AdamWOptions{1.0, 0.999, 1e-8, 0.01}), Error);
   EXPECT_THROW(AdamW(AdamWOptions{0.9, -0.1, 1e-8, 0.01}), Error);
