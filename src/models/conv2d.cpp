@@ -46,6 +46,32 @@ struct FrozenGemm : torch::autograd::Function<FrozenGemm> {
   }
 };
 
+// affine() for at most kMostPixelsTransposedInputGradient output pixels, with the input's gradient taken as (dYᵀ·w)ᵀ
+// rather than autograd's wᵀ·dY: for so few pixels wᵀ·dY is a GEMM with a transposed operand and a narrow output,
+// which oneDNN ran at 97-160 GFLOP/s against 170-270 for dYᵀ·w on SD-1.5's 8x8 and 4x4 maps. bench_conv, float32,
+// batch 1, the gemm path against LibTorch's in the same run (before -> after, two runs): 3x3 at 8x8 1.18 -> 1.47,
+// 1.31; 3x3 at 4x4 1.32 -> 1.47, 1.44; 1x1 at 4x4 1.18 -> 1.54, 1.42. At 256 pixels it gained nothing. float32
+// only: bf16 products need a CPU with bf16 instructions to be measured (docs/benchmarks.md).
+constexpr int64_t kMostPixelsTransposedInputGradient = 64;
+struct TransposedInputGradientGemm : torch::autograd::Function<TransposedInputGradientGemm> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
+                            const c10::optional<at::Tensor>& bias) {
+    ctx->save_for_backward({x, w});
+    ctx->saved_data["has_bias"] = bias.has_value();
+    return affine(w, x, bias.value_or(at::Tensor()));
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 const torch::autograd::variable_list& grads) {
+    const at::Tensor& dy = grads[0];
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];
+    const at::Tensor& w = saved[1];
+    return {ctx->needs_input_grad(0) ? at::mm(dy.t(), w).t() : at::Tensor(),
+            ctx->needs_input_grad(1) ? at::mm(dy, x.t()) : at::Tensor(),
+            ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2) ? dy.sum(1) : at::Tensor()};
+  }
+};
+
 }  // namespace
 
 const at::Tensor& FrozenWeightTranspose::of(const at::Tensor& weight) {
@@ -69,10 +95,14 @@ at::Tensor conv2d_as_gemm(const at::Tensor& x, const at::Tensor& weight, const a
       pointwise ? x.flatten(2) : unfold_patches(x, {kh, kw}, padding, stride);
   const at::Tensor flat = columns.transpose(0, 1).reshape({columns.size(1), n * oh * ow});  // a copy only if N > 1
   const at::Tensor w = weight.reshape({cout, -1});
-  const at::Tensor out =  // [Cout, N·H'·W']
-      weight_t.defined()
-          ? FrozenGemm::apply(flat, w, bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt, weight_t)
-          : affine(w, flat, bias);
+  const c10::optional<at::Tensor> maybe_bias = bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt;
+  at::Tensor out;  // [Cout, N·H'·W']
+  if (weight_t.defined())
+    out = FrozenGemm::apply(flat, w, maybe_bias, weight_t);
+  else if (x.scalar_type() == at::kFloat && n * oh * ow <= kMostPixelsTransposedInputGradient)
+    out = TransposedInputGradientGemm::apply(flat, w, maybe_bias);
+  else
+    out = affine(w, flat, bias);
   return out.view({cout, n, oh, ow}).transpose(0, 1).contiguous();
 }
 

@@ -63,6 +63,32 @@ TEST(Conv2d, GemmPathEqualsLibTorchsConvolutionForwardAndBackward) {
   }
 }
 
+// The GEMM path's own float32 backward (maps of up to 64 pixels) gives only the gradients autograd asks for, each
+// LibTorch's: a frozen weight without a kept transpose, or an input that needs no gradient (the UNet's first
+// convolution).
+TEST(Conv2d, GemmPathComputesOnlyTheGradientsAsked) {
+  at::manual_seed(3);
+  const at::Tensor x0 = at::randn({1, 6, 4, 4}, at::kFloat), w0 = at::randn({5, 6, 3, 3}, at::kFloat),
+                   b0 = at::randn({5}, at::kFloat), grad = at::randn({1, 5, 4, 4}, at::kFloat);
+  for (const bool input_needs_grad : {false, true}) {
+    const at::Tensor x = x0.detach().requires_grad_(input_needs_grad),
+                     w = w0.detach().requires_grad_(!input_needs_grad),
+                     b = b0.detach().requires_grad_(!input_needs_grad);
+    conv2d_as_gemm(x, w, b, {1, 1}, {1, 1}).backward(grad);
+    const at::Tensor xr = x0.detach().requires_grad_(), wr = w0.detach().requires_grad_(),
+                     br = b0.detach().requires_grad_();
+    at::conv2d(xr, wr, br, {1, 1}, {1, 1}).backward(grad);
+    EXPECT_EQ(x.grad().defined(), input_needs_grad);
+    EXPECT_EQ(w.grad().defined(), !input_needs_grad);
+    if (input_needs_grad) {
+      EXPECT_TRUE(sd::test::close_rel_max(x.grad(), xr.grad(), 1e-5));
+    } else {
+      EXPECT_TRUE(sd::test::close_rel_max(w.grad(), wr.grad(), 1e-5));
+      EXPECT_TRUE(sd::test::close_rel_max(b.grad(), br.grad(), 1e-5));
+    }
+  }
+}
+
 TEST(Conv2d, SmallMapsTakeTheGemmPathAndEverythingElseLibTorchs) {
   const std::vector<int64_t> one{1, 1}, two{2, 2}, zero{0, 0};
   const at::Tensor w3 = at::zeros({4, 4, 3, 3});
