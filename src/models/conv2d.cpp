@@ -46,11 +46,14 @@ struct FrozenGemm : torch::autograd::Function<FrozenGemm> {
   }
 };
 
-// affine() for at most kMostPixelsTransposedInputGradient output pixels, with the input's gradient taken as (dYᵀ·w)ᵀ
+// affine() for maps of at most kMostPixelsTransposedInputGradient pixels, with the input's gradient taken as (dYᵀ·w)ᵀ
 // rather than autograd's wᵀ·dY: for so few pixels wᵀ·dY is a GEMM with a transposed operand and a narrow output,
 // which oneDNN ran at 97-160 GFLOP/s against 170-270 for dYᵀ·w on SD-1.5's 8x8 and 4x4 maps. bench_conv, float32,
-// batch 1, the gemm path against LibTorch's in the same run (before -> after, two runs): 3x3 at 8x8 1.18 -> 1.47,
-// 1.31; 3x3 at 4x4 1.32 -> 1.47, 1.44; 1x1 at 4x4 1.18 -> 1.54, 1.42. At 256 pixels it gained nothing. float32
+// the gemm path against LibTorch's in the same run (before -> after, two runs), batch 1: 3x3 at 8x8 1.18 -> 1.47,
+// 1.31; 3x3 at 4x4 1.32 -> 1.47, 1.44; 1x1 at 4x4 1.18 -> 1.54, 1.42; batch 4: 3x3 at 8x8 1.08 -> 0.94, 1.02; 3x3
+// at 4x4 1.30 -> 1.68, 1.52. At 16x16 it gained nothing. The rule is per map, not per batch, so a batch's images
+// take the path they take alone: the products then round alike whether ranks split the batch or one rank runs it
+// (an input gradient rounded another way flips the sign of AdamW's first steps on near-zero gradients). float32
 // only: bf16 products need a CPU with bf16 instructions to be measured (docs/benchmarks.md).
 constexpr int64_t kMostPixelsTransposedInputGradient = 64;
 struct TransposedInputGradientGemm : torch::autograd::Function<TransposedInputGradientGemm> {
@@ -99,7 +102,7 @@ at::Tensor conv2d_as_gemm(const at::Tensor& x, const at::Tensor& weight, const a
   at::Tensor out;  // [Cout, N·H'·W']
   if (weight_t.defined())
     out = FrozenGemm::apply(flat, w, maybe_bias, weight_t);
-  else if (x.scalar_type() == at::kFloat && n * oh * ow <= kMostPixelsTransposedInputGradient)
+  else if (x.scalar_type() == at::kFloat && oh * ow <= kMostPixelsTransposedInputGradient)
     out = TransposedInputGradientGemm::apply(flat, w, maybe_bias);
   else
     out = affine(w, flat, bias);
