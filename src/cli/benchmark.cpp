@@ -205,11 +205,12 @@ int64_t micro_batches(const BenchmarkOptions& o) { return o.task == "generate" ?
 // FLOPs of one measured step in UNet forward passes of a batch: full training runs the forward, then backward for
 // activations and for weights (3x); a LoRA step skips the frozen weights' gradients (2x; the adapters' own work is
 // well under 1% of it), as does textual inversion's frozen UNet (2x); a guided denoising step runs the forward on the
-// unconditional and conditional halves of the batch (2x). A training step runs that for each micro-batch.
-int64_t flops_per_step(const BenchmarkOptions& o, const models::UNetConfig& unet) {
+// unconditional and conditional halves of the batch (2x). A training step runs that for each micro-batch. The
+// latents are the images shrunk by the VAE's factor (8 for SD, 4 for tiny-sd1's three-block VAE).
+int64_t flops_per_step(const BenchmarkOptions& o, const pipeline::PipelineConfigs& configs) {
   const int64_t passes = micro_batches(o) * (o.task == "unet" && !o.lora_rank ? 3 : 2);
-  const int64_t latent = o.resolution / 8;
-  return passes * models::count_forward_flops(unet, o.train_batch_size, latent, latent);
+  const int64_t latent = o.resolution / configs.vae.scale_factor();
+  return passes * models::count_forward_flops(configs.unet, o.train_batch_size, latent, latent);
 }
 
 // The `n` ops (LibTorch ops, autograd nodes, sdtrain scopes) with the most time of their own.
@@ -257,7 +258,7 @@ int run_benchmark(BenchmarkOptions o) {
     measure_generation(o, source, m);
   fs::remove_all(work);
   SD_CHECK(!m.step_seconds.empty(), "no step was measured");
-  m.flops_per_step = flops_per_step(o, pipeline::read_configs(source).unet);
+  m.flops_per_step = flops_per_step(o, pipeline::read_configs(source));
   // (MosaicML's line counts the whole UNet as trainable; a LoRA run logs its own count instead.)
   if (o.task == "unet" && !o.lora_rank && dist::detect_dist_env().rank == 0)
     log::info("{}", pipeline::parameter_line(pipeline::summarize_components(source)));
