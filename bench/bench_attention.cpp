@@ -1,8 +1,9 @@
 // Attention at Stable Diffusion's shapes: the plain path (baddbmm, softmax, bmm, as diffusers' AttnProcessor) against
 // models/tiled_attention.h and, for heads of up to 16 channels, models/small_head_attention.h; forward alone and
 // forward + backward, with what each keeps for backward. One JSON line per case and path.
-//   bench_attention [--threads N] [--dtype float32|bf16] [--cases SUBSTRING] [--path plain|tiled|small_head]
-//                   [--repeats N]  (timed runs per case, 5 by default; more for a profiler)
+//   bench_attention [--threads N] [--dtype float32|bf16] [--cases SUBSTRING] [--path PREFIX] [--repeats N]
+// Paths: plain, tiled, small_head_256 (AVX2) and, on a CPU with AVX-512F, small_head_512; --path takes those that
+// start with PREFIX (small_head: both widths). --repeats: timed runs per case, 5 by default; more for a profiler.
 #include <torch/csrc/autograd/autograd.h>
 
 #include <cstdio>
@@ -44,6 +45,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--repeats")) repeats = std::atoi(argv[i + 1]);
   }
   sd::set_compute_threads(threads);
+  const bool avx512 = sd::models::small_head_attention_vector_bits() == 512;
   const std::vector<Case> cases = {
       {"sd15-256 self 32x32", 8, 1024, 1024, 40},
       {"sd15-256 cross 32x32", 8, 1024, 77, 40},
@@ -73,12 +75,20 @@ int main(int argc, char** argv) {
            return sd::models::tiled_attention(q, k, v, s, false);
          }}};
     // Each slice as a batch entry of one head: the same numbers in the fused kernel's [B, L, heads*d] layout.
-    if (sd::models::small_head_attention_fits(q, k, v, 1))
-      paths.emplace_back("small_head", [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double s) {
+    if (sd::models::small_head_attention_fits(q, k, v, 1)) {
+      paths.emplace_back("small_head_256", [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double s) {
+        sd::models::set_small_head_attention_vector_bits(256);
         return sd::models::small_head_attention(q, k, v, 1, s, false);
       });
+      if (avx512)
+        paths.emplace_back("small_head_512",
+                           [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double s) {
+                             sd::models::set_small_head_attention_vector_bits(512);
+                             return sd::models::small_head_attention(q, k, v, 1, s, false);
+                           });
+    }
     for (const auto& [path, fn] : paths) {
-      if (!only_path.empty() && path != only_path) continue;
+      if (path.rfind(only_path, 0) != 0) continue;
       const auto forward = sd::bench::time_it(
           [&] {
             at::NoGradGuard no_grad;
@@ -93,10 +103,10 @@ int main(int argc, char** argv) {
           },
           1, repeats);
       // small_head keeps each query row's maximum and sum (8 bytes per row), and up to 2^22 float32 probabilities
-      // over the keys padded to whole vectors of 8.
-      const int64_t padded_scores = c.slices * c.lq * ((c.lk + 7) / 8 * 8);
+      // over the keys padded to whole vectors of 16.
+      const int64_t padded_scores = c.slices * c.lq * ((c.lk + 15) / 16 * 16);
       const int64_t kept = path == "plain" ? c.slices * c.lq * c.lk * static_cast<int64_t>(v.element_size())
-                           : path == "small_head"
+                           : path.rfind("small_head", 0) == 0
                                ? c.slices * c.lq * 8 + (padded_scores <= (int64_t{1} << 22) ? 4 * padded_scores : 0)
                                : 0;
       const nlohmann::json line = {{"case", c.name},

@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <vector>
 
@@ -19,63 +20,17 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 constexpr int64_t kMaxHeadChannels = 16;
-constexpr int64_t kLanes = 8;  // float32 values per AVX2 register
+// Keys are padded to a multiple of the widest vector (16 floats in AVX-512), whichever width runs; the padding's
+// scores are -inf, so it adds exact zeros.
+constexpr int64_t kKeyPadding = 16;
 
-#define SD_AVX2 __attribute__((target("avx2,fma")))
 #define SD_INLINE __attribute__((always_inline)) inline
 // GCC at -O2 keeps loops over the D channels rolled, and with them the per-channel sums in memory (measured: a
 // store-to-load round trip per multiply-add, 2x slower rows).
 #define SD_UNROLL_CHANNELS _Pragma("GCC unroll 16")
 
 // ---------------------------------------------------------------------------------------------------------------
-// Eight floats at a time.
-
-// exp(x): Cephes' expf (x = n·ln2 + r with |r| ≤ ln2/2, 2^n from the exponent bits, e^r from a degree-7 polynomial),
-// within 2 ulp of std::exp. Below -87.3, where float32's exp leaves the normal range, and for -inf it gives 0; NaN
-// stays NaN (min and max return their second operand when one is NaN).
-SD_AVX2 SD_INLINE __m256 exp8(__m256 x) {
-  const __m256 underflows = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_LT_OQ);
-  x = _mm256_min_ps(_mm256_set1_ps(88.3f), _mm256_max_ps(_mm256_set1_ps(-87.3f), x));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  // r = x - n·ln2, with ln2 split in two so that n·ln2_high is exact.
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  const __m256i exponent = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_andnot_ps(underflows, _mm256_mul_ps(p, _mm256_castsi256_ps(exponent)));
-}
-
-// x rounded to the nearest bf16 (ties to even) and widened back, as storing to bf16 and loading again would.
-SD_AVX2 SD_INLINE __m256 round_to_bf16(__m256 x) {
-  const __m256i bits = _mm256_castps_si256(x);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-  const __m256i rounded = _mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF)));
-  return _mm256_castsi256_ps(_mm256_and_si256(rounded, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
-}
-
-SD_AVX2 SD_INLINE float horizontal_sum(__m256 x) {
-  const __m128 pairs = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-  const __m128 twos = _mm_add_ps(pairs, _mm_movehl_ps(pairs, pairs));
-  return _mm_cvtss_f32(_mm_add_ss(twos, _mm_movehdup_ps(twos)));
-}
-
-SD_AVX2 SD_INLINE float horizontal_max(__m256 x) {
-  const __m128 pairs = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-  const __m128 twos = _mm_max_ps(pairs, _mm_movehl_ps(pairs, pairs));
-  return _mm_cvtss_f32(_mm_max_ss(twos, _mm_movehdup_ps(twos)));
-}
-
-// ---------------------------------------------------------------------------------------------------------------
-// One row of one head with D channels. A head's keys and values are held transposed, [channel][key] in float32 with
-// the keys padded to whole vectors (`n`), so that every loop runs over keys, eight at a time, with D multiply-adds per
-// eight keys and the D per-channel sums in registers.
+// What every row kernel reads.
 
 struct Rounding {
   bool scores;         // to bf16, as the reference's bf16 baddbmm writes them
@@ -92,127 +47,17 @@ struct RowContext {
   Rounding rounding;
 };
 
-// Eight scores from key j on: round(scale · q·k), -inf for the padding past the last key.
-template <int D>
-SD_AVX2 SD_INLINE __m256 scores8(const RowContext& row, const __m256* q, int64_t j) {
-  __m256 acc = _mm256_mul_ps(q[0], _mm256_loadu_ps(row.kt + j));
-  SD_UNROLL_CHANNELS
-  for (int c = 1; c < D; ++c) acc = _mm256_fmadd_ps(q[c], _mm256_loadu_ps(row.kt + c * row.stride + j), acc);
-  acc = _mm256_mul_ps(acc, _mm256_set1_ps(row.scale));
-  if (row.rounding.scores) acc = round_to_bf16(acc);
-  if (j + kLanes <= row.keys) return acc;
-  const __m256 lane =
-      _mm256_add_ps(_mm256_set1_ps(static_cast<float>(j)), _mm256_setr_ps(0.f, 1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f));
-  const __m256 padding = _mm256_cmp_ps(lane, _mm256_set1_ps(static_cast<float>(row.keys)), _CMP_GE_OQ);
-  return _mm256_blendv_ps(acc, _mm256_set1_ps(-INFINITY), padding);
-}
-
-template <int D>
-SD_AVX2 SD_INLINE void broadcast(const float* x, __m256* out) {
-  SD_UNROLL_CHANNELS
-  for (int c = 0; c < D; ++c) out[c] = _mm256_set1_ps(x[c]);
-}
-
-template <int D>
-SD_AVX2 SD_INLINE void store_sums(const __m256* acc, float* out) {
-  SD_UNROLL_CHANNELS
-  for (int c = 0; c < D; ++c) out[c] = horizontal_sum(acc[c]);
-}
-
 // What backward needs to recompute a row's probabilities: its largest score and 1 / Σ exp(score - max).
 struct RowStats {
   float max, inverse_sum;
 };
-
-SD_AVX2 SD_INLINE __m256 probabilities8(__m256 scores, const RowStats& stats, const Rounding& rounding) {
-  const __m256 p =
-      _mm256_mul_ps(exp8(_mm256_sub_ps(scores, _mm256_set1_ps(stats.max))), _mm256_set1_ps(stats.inverse_sum));
-  return rounding.probabilities ? round_to_bf16(p) : p;
-}
-
-// out = softmax(scores) v for query row q_row; `buffer` holds n floats. `kept` (n floats, or null) receives the
-// row's probabilities for backward.
-template <int D>
-SD_AVX2 RowStats forward_row(const RowContext& row, const float* q_row, float* buffer, float* out, float* kept) {
-  __m256 q[D];
-  broadcast<D>(q_row, q);
-  __m256 max = _mm256_set1_ps(-INFINITY);
-  for (int64_t j = 0; j < row.n; j += kLanes) {
-    const __m256 s = scores8<D>(row, q, j);
-    _mm256_storeu_ps(buffer + j, s);
-    max = _mm256_max_ps(max, s);
-  }
-  RowStats stats{horizontal_max(max), 1.f};
-  const __m256 row_max = _mm256_set1_ps(stats.max);
-  __m256 sum = _mm256_setzero_ps();
-  for (int64_t j = 0; j < row.n; j += kLanes) {
-    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(buffer + j), row_max));
-    _mm256_storeu_ps(buffer + j, e);
-    sum = _mm256_add_ps(sum, e);
-  }
-  stats.inverse_sum = 1.f / horizontal_sum(sum);
-  const __m256 inverse_sum = _mm256_set1_ps(stats.inverse_sum);
-  __m256 acc[D];
-  SD_UNROLL_CHANNELS
-  for (int c = 0; c < D; ++c) acc[c] = _mm256_setzero_ps();
-  for (int64_t j = 0; j < row.n; j += kLanes) {
-    __m256 p = _mm256_mul_ps(_mm256_loadu_ps(buffer + j), inverse_sum);
-    if (row.rounding.probabilities) p = round_to_bf16(p);
-    if (kept) _mm256_storeu_ps(kept + j, p);
-    SD_UNROLL_CHANNELS
-    for (int c = 0; c < D; ++c) acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(row.vt + c * row.stride + j), acc[c]);
-  }
-  store_sums<D>(acc, out);
-  return stats;
-}
-
-// One query row's share of the backward pass: writes dq_row, adds to dkt and dvt ([channel][key] like kt and vt).
-// `kept` holds the row's probabilities as forward kept them, or is null: then they are recomputed into `buffer`.
-// `buffer` and `d_scores` hold n floats each.
-template <int D>
-SD_AVX2 void backward_row(const RowContext& row, const RowStats& stats, const float* q_row, const float* d_out_row,
-                          const float* kept, float* buffer, float* d_scores, float* dq_row, float* dkt, float* dvt) {
-  __m256 q[D], d_out[D];
-  broadcast<D>(q_row, q);
-  broadcast<D>(d_out_row, d_out);
-  // P, dP = d_out vᵀ, and Σ P ∘ dP.
-  __m256 dot = _mm256_setzero_ps();
-  for (int64_t j = 0; j < row.n; j += kLanes) {
-    const __m256 p = kept ? _mm256_loadu_ps(kept + j) : probabilities8(scores8<D>(row, q, j), stats, row.rounding);
-    __m256 dp = _mm256_mul_ps(d_out[0], _mm256_loadu_ps(row.vt + j));
-    SD_UNROLL_CHANNELS
-    for (int c = 1; c < D; ++c) dp = _mm256_fmadd_ps(d_out[c], _mm256_loadu_ps(row.vt + c * row.stride + j), dp);
-    if (!kept) _mm256_storeu_ps(buffer + j, p);
-    _mm256_storeu_ps(d_scores + j, dp);
-    dot = _mm256_fmadd_ps(p, dp, dot);
-  }
-  // dS = P ∘ (dP - Σ P ∘ dP) · scale, then dq += dS k, dk += dSᵀ q, dv += Pᵀ d_out.
-  const float* probs = kept ? kept : buffer;
-  const __m256 row_dot = _mm256_set1_ps(horizontal_sum(dot)), scale = _mm256_set1_ps(row.scale);
-  __m256 dq[D];
-  SD_UNROLL_CHANNELS
-  for (int c = 0; c < D; ++c) dq[c] = _mm256_setzero_ps();
-  for (int64_t j = 0; j < row.n; j += kLanes) {
-    const __m256 p = _mm256_loadu_ps(probs + j);
-    const __m256 ds = _mm256_mul_ps(_mm256_mul_ps(p, _mm256_sub_ps(_mm256_loadu_ps(d_scores + j), row_dot)), scale);
-    SD_UNROLL_CHANNELS
-    for (int c = 0; c < D; ++c) {
-      dq[c] = _mm256_fmadd_ps(ds, _mm256_loadu_ps(row.kt + c * row.stride + j), dq[c]);
-      float* dk = dkt + c * row.stride + j;
-      _mm256_storeu_ps(dk, _mm256_fmadd_ps(ds, q[c], _mm256_loadu_ps(dk)));
-      float* dv = dvt + c * row.stride + j;
-      _mm256_storeu_ps(dv, _mm256_fmadd_ps(p, d_out[c], _mm256_loadu_ps(dv)));
-    }
-  }
-  store_sums<D>(dq, dq_row);
-}
 
 // ---------------------------------------------------------------------------------------------------------------
 // One batch x head slice.
 
 struct Problem {
   int64_t batch, heads, queries, keys, d;
-  int64_t n;  // keys rounded up to whole vectors
+  int64_t n;  // keys rounded up to a multiple of kKeyPadding
   // Floats from one channel's keys to the next in a transposed slice: n and one cache line more, so that the D
   // channel rows never fall into the same cache sets (at n = 1024 they would all be 4 KiB apart: measured 3.5x
   // slower per score).
@@ -255,6 +100,11 @@ struct Tensors {
   const T *q, *k, *v;
 };
 
+template <typename T>
+struct Gradients {
+  T *dq, *dk, *dv;
+};
+
 // A slice's keys and values, transposed to [D][stride] float32.
 struct KeysAndValues {
   std::vector<float> kt, vt;
@@ -270,50 +120,143 @@ struct KeysAndValues {
   }
 };
 
-// The forward pass of slice (b, h): writes its rows of `out` and their stats, and to `kept` (null, or the slice's
-// [queries][n] floats) its probabilities.
-template <int D, typename T>
-void forward_slice(const Problem& p, const Tensors<T>& in, int64_t b, int64_t h, T* out, RowStats* stats, float* kept) {
-  const KeysAndValues kv = KeysAndValues::of<D>(p, in, b, h);
-  const RowContext row = kv.row_context(p);
-  std::vector<float> buffer(p.n);
-  const SliceOf<const T> q(in.q, p, b, h, p.queries);
-  const SliceOf<T> o(out, p, b, h, p.queries);
-  for (int64_t i = 0; i < p.queries; ++i) {
-    float q_row[D], out_row[D];
-    convert_row<D>(q.row(i), q_row);
-    stats[i] = forward_row<D>(row, q_row, buffer.data(), out_row, kept ? kept + i * p.n : nullptr);
-    convert_row<D>(out_row, o.row(i));
-  }
+// ---------------------------------------------------------------------------------------------------------------
+// The kernels, once per vector width (small_head_attention_rows.inl). Each width's namespace defines its vector
+// operations and includes the kernels under a `#pragma GCC target` for its instruction set, so that the same source
+// compiles to AVX2 code in one namespace and to AVX-512 code in the other, and the right one runs by the CPU.
+//
+// exp(x) in both: Cephes' expf (x = n·ln2 + r with |r| ≤ ln2/2, 2^n from the exponent bits, e^r from a degree-7
+// polynomial), within 2 ulp of std::exp. Below -87.3, where float32's exp leaves the normal range, and for -inf it
+// gives 0; NaN stays NaN (min and max return their second operand when one is NaN).
+constexpr float kExpLowest = -87.3f, kExpHighest = 88.3f, kLog2e = 1.44269504088896341f;
+constexpr float kLn2High = 0.693359375f, kLn2Low = -2.12194440e-4f;  // ln2 split so that n·kLn2High is exact
+constexpr float kExpPolynomial[] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                                    4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+
+namespace avx2 {
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+
+using Vec = __m256;
+constexpr int64_t kLanes = 8;
+
+SD_INLINE Vec load(const float* p) { return _mm256_loadu_ps(p); }
+SD_INLINE void store(float* p, Vec x) { _mm256_storeu_ps(p, x); }
+SD_INLINE Vec splat(float x) { return _mm256_set1_ps(x); }
+SD_INLINE Vec zero() { return _mm256_setzero_ps(); }
+SD_INLINE Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+SD_INLINE Vec sub(Vec a, Vec b) { return _mm256_sub_ps(a, b); }
+SD_INLINE Vec mul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
+SD_INLINE Vec fmadd(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+SD_INLINE Vec fnmadd(Vec a, Vec b, Vec c) { return _mm256_fnmadd_ps(a, b, c); }
+SD_INLINE Vec max(Vec a, Vec b) { return _mm256_max_ps(a, b); }
+
+SD_INLINE Vec exp(Vec x) {
+  const Vec underflows = _mm256_cmp_ps(x, splat(kExpLowest), _CMP_LT_OQ);
+  x = _mm256_min_ps(splat(kExpHighest), max(splat(kExpLowest), x));
+  const Vec n = _mm256_round_ps(mul(x, splat(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const Vec r = fnmadd(n, splat(kLn2Low), fnmadd(n, splat(kLn2High), x));
+  Vec p = splat(kExpPolynomial[0]);
+  for (int i = 1; i < 6; ++i) p = fmadd(p, r, splat(kExpPolynomial[i]));
+  p = fmadd(p, mul(r, r), add(r, splat(1.f)));
+  const __m256i exponent = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(underflows, mul(p, _mm256_castsi256_ps(exponent)));
 }
 
-template <typename T>
-struct Gradients {
-  T *dq, *dk, *dv;
-};
-
-// The backward pass of slice (b, h): with S = q kᵀ · scale, P = softmax(S), out = P v and dP = d_out vᵀ,
-//   dv = Pᵀ d_out,  dS = P ∘ (dP − rowsum(P ∘ dP)),  dq = dS k · scale,  dk = dSᵀ q · scale.
-// `kept`: the slice's probabilities as forward kept them, or null to recompute them from q, k and the stats.
-template <int D, typename T>
-void backward_slice(const Problem& p, const Tensors<T>& in, const T* d_out, const RowStats* stats, const float* kept,
-                    int64_t b, int64_t h, const Gradients<T>& grads) {
-  const KeysAndValues kv = KeysAndValues::of<D>(p, in, b, h);
-  const RowContext row = kv.row_context(p);
-  std::vector<float> dkt(D * p.stride, 0.f), dvt(D * p.stride, 0.f), buffer(p.n), d_scores(p.n);
-  const SliceOf<const T> q(in.q, p, b, h, p.queries), g(d_out, p, b, h, p.queries);
-  const SliceOf<T> dq(grads.dq, p, b, h, p.queries);
-  for (int64_t i = 0; i < p.queries; ++i) {
-    float q_row[D], d_out_row[D], dq_row[D];
-    convert_row<D>(q.row(i), q_row);
-    convert_row<D>(g.row(i), d_out_row);
-    backward_row<D>(row, stats[i], q_row, d_out_row, kept ? kept + i * p.n : nullptr, buffer.data(), d_scores.data(),
-                    dq_row, dkt.data(), dvt.data());
-    convert_row<D>(dq_row, dq.row(i));
-  }
-  store_transposed<D>(dkt.data(), p.keys, p.stride, SliceOf<T>(grads.dk, p, b, h, p.keys));
-  store_transposed<D>(dvt.data(), p.keys, p.stride, SliceOf<T>(grads.dv, p, b, h, p.keys));
+// x rounded to the nearest bf16 (ties to even) and widened back, as storing to bf16 and loading again would.
+SD_INLINE Vec round_to_bf16(Vec x) {
+  const __m256i bits = _mm256_castps_si256(x);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF)));
+  return _mm256_castsi256_ps(_mm256_and_si256(rounded, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
 }
+
+SD_INLINE float horizontal_sum(Vec x) {
+  const __m128 pairs = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  const __m128 twos = _mm_add_ps(pairs, _mm_movehl_ps(pairs, pairs));
+  return _mm_cvtss_f32(_mm_add_ss(twos, _mm_movehdup_ps(twos)));
+}
+
+SD_INLINE float horizontal_max(Vec x) {
+  const __m128 pairs = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  const __m128 twos = _mm_max_ps(pairs, _mm_movehl_ps(pairs, pairs));
+  return _mm_cvtss_f32(_mm_max_ss(twos, _mm_movehdup_ps(twos)));
+}
+
+SD_INLINE Vec minus_infinity_past(Vec x, int64_t first, int64_t keys) {
+  const Vec lane = add(splat(static_cast<float>(first)), _mm256_setr_ps(0.f, 1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f));
+  return _mm256_blendv_ps(x, splat(-INFINITY), _mm256_cmp_ps(lane, splat(static_cast<float>(keys)), _CMP_GE_OQ));
+}
+
+#include "models/small_head_attention_rows.inl"
+
+#pragma GCC pop_options
+}  // namespace avx2
+
+namespace avx512 {
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx2,fma")
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which it then reports as used uninitialized (GCC bug
+// 105593, fixed in GCC 13): false positives at every inlined intrinsic.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+using Vec = __m512;
+constexpr int64_t kLanes = 16;
+
+SD_INLINE Vec load(const float* p) { return _mm512_loadu_ps(p); }
+SD_INLINE void store(float* p, Vec x) { _mm512_storeu_ps(p, x); }
+SD_INLINE Vec splat(float x) { return _mm512_set1_ps(x); }
+SD_INLINE Vec zero() { return _mm512_setzero_ps(); }
+SD_INLINE Vec add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+SD_INLINE Vec sub(Vec a, Vec b) { return _mm512_sub_ps(a, b); }
+SD_INLINE Vec mul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
+SD_INLINE Vec fmadd(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+SD_INLINE Vec fnmadd(Vec a, Vec b, Vec c) { return _mm512_fnmadd_ps(a, b, c); }
+SD_INLINE Vec max(Vec a, Vec b) { return _mm512_max_ps(a, b); }
+
+SD_INLINE Vec exp(Vec x) {
+  const __mmask16 underflows = _mm512_cmp_ps_mask(x, splat(kExpLowest), _CMP_LT_OQ);
+  x = _mm512_min_ps(splat(kExpHighest), max(splat(kExpLowest), x));
+  const Vec n = _mm512_roundscale_ps(mul(x, splat(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const Vec r = fnmadd(n, splat(kLn2Low), fnmadd(n, splat(kLn2High), x));
+  Vec p = splat(kExpPolynomial[0]);
+  for (int i = 1; i < 6; ++i) p = fmadd(p, r, splat(kExpPolynomial[i]));
+  p = fmadd(p, mul(r, r), add(r, splat(1.f)));
+  const __m512i exponent = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_maskz_mov_ps(static_cast<__mmask16>(~underflows), mul(p, _mm512_castsi512_ps(exponent)));
+}
+
+SD_INLINE Vec round_to_bf16(Vec x) {
+  const __m512i bits = _mm512_castps_si512(x);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+  return _mm512_castsi512_ps(_mm512_and_si512(rounded, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+
+SD_INLINE __m256 upper_half(Vec x) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)); }
+
+// The halves' sum (or maximum), then AVX2's eight lanes: the same association as avx2's on each half.
+SD_INLINE float horizontal_sum(Vec x) {
+  return avx2::horizontal_sum(_mm256_add_ps(_mm512_castps512_ps256(x), upper_half(x)));
+}
+
+SD_INLINE float horizontal_max(Vec x) {
+  return avx2::horizontal_max(_mm256_max_ps(_mm512_castps512_ps256(x), upper_half(x)));
+}
+
+SD_INLINE Vec minus_infinity_past(Vec x, int64_t first, int64_t keys) {
+  const int64_t valid = keys - first;  // < 16 here
+  const __mmask16 padding = static_cast<__mmask16>(valid <= 0 ? 0xFFFF : 0xFFFF << valid);
+  return _mm512_mask_blend_ps(padding, x, splat(-INFINITY));
+}
+
+#include "models/small_head_attention_rows.inl"
+
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+}  // namespace avx512
 
 // Calls fn(std::integral_constant<int, D>) for D = d, one of 1 ... kMaxHeadChannels: the row loops unroll over the
 // channels and keep their per-channel sums in registers.
@@ -359,13 +302,15 @@ class SmallHeadAttention : public torch::autograd::Function<SmallHeadAttention> 
     const at::Tensor kept = training && keeps_probabilities(p)
                                 ? at::empty({p.batch * heads, p.queries, p.n}, q.options().dtype(at::kFloat))
                                 : at::Tensor();
+    const bool wide = small_head_attention_vector_bits() == 512;
     with_element_type(q.scalar_type(), [&](auto zero) {
       using T = decltype(zero);
       with_head_channels(p.d, [&](auto d) {
+        const auto forward_slice = wide ? &avx512::forward_slice<d(), T> : &avx2::forward_slice<d(), T>;
         for_each_slice(p, [&](int64_t b, int64_t h) {
           const int64_t slice = b * heads + h;
-          forward_slice<d()>(p, tensors_of<T>(q, k, v), b, h, out.data_ptr<T>(), row_stats + slice * p.queries,
-                             kept.defined() ? kept.data_ptr<float>() + slice * p.queries * p.n : nullptr);
+          forward_slice(p, tensors_of<T>(q, k, v), b, h, out.data_ptr<T>(), row_stats + slice * p.queries,
+                        kept.defined() ? kept.data_ptr<float>() + slice * p.queries * p.n : nullptr);
         });
       });
     });
@@ -385,14 +330,16 @@ class SmallHeadAttention : public torch::autograd::Function<SmallHeadAttention> 
     const at::Tensor d_out = grad_outputs[0].to(v.scalar_type()).contiguous();
     at::Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
     const auto* row_stats = reinterpret_cast<const RowStats*>(stats.data_ptr<float>());
+    const bool wide = small_head_attention_vector_bits() == 512;
     with_element_type(q.scalar_type(), [&](auto zero) {
       using T = decltype(zero);
       const Gradients<T> grads{dq.data_ptr<T>(), dk.data_ptr<T>(), dv.data_ptr<T>()};
       with_head_channels(p.d, [&](auto d) {
+        const auto backward_slice = wide ? &avx512::backward_slice<d(), T> : &avx2::backward_slice<d(), T>;
         for_each_slice(p, [&](int64_t b, int64_t h) {
           const int64_t slice = b * heads + h;
-          backward_slice<d()>(p, tensors_of<T>(q, k, v), d_out.data_ptr<T>(), row_stats + slice * p.queries,
-                              kept.defined() ? kept.data_ptr<float>() + slice * p.queries * p.n : nullptr, b, h, grads);
+          backward_slice(p, tensors_of<T>(q, k, v), d_out.data_ptr<T>(), row_stats + slice * p.queries,
+                         kept.defined() ? kept.data_ptr<float>() + slice * p.queries * p.n : nullptr, b, h, grads);
         });
       });
     });
@@ -410,7 +357,7 @@ class SmallHeadAttention : public torch::autograd::Function<SmallHeadAttention> 
 
   static Problem problem(const at::Tensor& q, const at::Tensor& k, int64_t heads, double scale, bool upcast_attention) {
     const bool bf16 = q.scalar_type() == at::kBFloat16;
-    const int64_t n = (k.size(1) + kLanes - 1) / kLanes * kLanes;
+    const int64_t n = (k.size(1) + kKeyPadding - 1) / kKeyPadding * kKeyPadding;
     return {q.size(0),
             heads,
             q.size(1),
@@ -424,6 +371,22 @@ class SmallHeadAttention : public torch::autograd::Function<SmallHeadAttention> 
 };
 
 }  // namespace
+
+namespace {
+
+int widest_vector_bits() { return __builtin_cpu_supports("avx512f") ? 512 : 256; }
+
+std::atomic<int> g_vector_bits{widest_vector_bits()};
+
+}  // namespace
+
+int small_head_attention_vector_bits() { return g_vector_bits.load(); }
+
+void set_small_head_attention_vector_bits(int bits) {
+  SD_CHECK(bits == 256 || (bits == 512 && widest_vector_bits() == 512),
+           "small_head_attention: vector width {} bits: expected 256 or, on a CPU with AVX-512F, 512", bits);
+  g_vector_bits = bits;
+}
 
 bool small_head_attention_fits(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads) {
   static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");

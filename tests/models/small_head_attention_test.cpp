@@ -38,6 +38,19 @@ at::Tensor reference_attention(const at::Tensor& q, const at::Tensor& k, const a
       heads);
 }
 
+// The vector widths this CPU runs the kernels at: AVX2's 256 bits always, AVX-512's 512 where it has AVX-512F.
+std::vector<int> vector_widths() {
+  const int widest = small_head_attention_vector_bits();
+  return widest == 512 ? std::vector<int>{256, 512} : std::vector<int>{256};
+}
+
+// Runs the kernels at `bits` while alive, then at the width they had.
+struct VectorWidth {
+  const int before = small_head_attention_vector_bits();
+  explicit VectorWidth(int bits) { set_small_head_attention_vector_bits(bits); }
+  ~VectorWidth() { set_small_head_attention_vector_bits(before); }
+};
+
 using Grads = sd::test::AttentionGrads;
 using sd::test::attention_grads;
 
@@ -65,24 +78,28 @@ Inputs random_inputs(const Case& c, at::ScalarType dtype) {
 }
 
 TEST(SmallHeadAttention, GradientsMatchFiniteDifferences) {
-  at::manual_seed(3);
-  const Case c{2, 2, 7, 11, 3};
-  const Inputs in = random_inputs(c, at::kFloat);
-  const double scale = 0.6;
-  auto fused = [&](auto& q, auto& k, auto& v) { return small_head_attention(q, k, v, c.heads, scale, false); };
-  const Grads analytic = attention_grads(fused, in.q, in.k, in.v, in.weight);
-  auto loss = [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-    torch::NoGradGuard no_grad;
-    return (fused(q, k, v).to(at::kDouble) * in.weight.to(at::kDouble)).sum().item<double>();
-  };
-  // The kernel computes in float32, so the step trades truncation (~h²) against rounding (~1e-7 · |loss| / h).
-  const Grads numeric = sd::test::numeric_attention_grads(loss, in.q, in.k, in.v, /*h=*/1e-2);
-  EXPECT_TRUE(sd::test::close_rel_max(analytic.dq, numeric.dq, 2e-3));
-  EXPECT_TRUE(sd::test::close_rel_max(analytic.dk, numeric.dk, 2e-3));
-  EXPECT_TRUE(sd::test::close_rel_max(analytic.dv, numeric.dv, 2e-3));
+  for (const int bits : vector_widths()) {
+    SCOPED_TRACE(::testing::Message() << bits << "-bit vectors");
+    const VectorWidth width(bits);
+    at::manual_seed(3);
+    const Case c{2, 2, 7, 11, 3};
+    const Inputs in = random_inputs(c, at::kFloat);
+    const double scale = 0.6;
+    auto fused = [&](auto& q, auto& k, auto& v) { return small_head_attention(q, k, v, c.heads, scale, false); };
+    const Grads analytic = attention_grads(fused, in.q, in.k, in.v, in.weight);
+    auto loss = [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+      torch::NoGradGuard no_grad;
+      return (fused(q, k, v).to(at::kDouble) * in.weight.to(at::kDouble)).sum().item<double>();
+    };
+    // The kernel computes in float32, so the step trades truncation (~h²) against rounding (~1e-7 · |loss| / h).
+    const Grads numeric = sd::test::numeric_attention_grads(loss, in.q, in.k, in.v, /*h=*/1e-2);
+    EXPECT_TRUE(sd::test::close_rel_max(analytic.dq, numeric.dq, 2e-3));
+    EXPECT_TRUE(sd::test::close_rel_max(analytic.dk, numeric.dk, 2e-3));
+    EXPECT_TRUE(sd::test::close_rel_max(analytic.dv, numeric.dv, 2e-3));
+  }
 }
 
-TEST(SmallHeadAttention, EqualsDiffusersPathInFloat32WhateverTheThreadCount) {
+TEST(SmallHeadAttention, EqualsDiffusersPathInFloat32WhateverTheThreadsAndVectorWidth) {
   const int threads = at::get_num_threads();
   for (const Case& c : kCases) {
     SCOPED_TRACE(describe(c));
@@ -92,13 +109,16 @@ TEST(SmallHeadAttention, EqualsDiffusersPathInFloat32WhateverTheThreadCount) {
     const Grads reference =
         attention_grads([&](auto& q, auto& k, auto& v) { return reference_attention(q, k, v, c.heads, scale, false); },
                         in.q, in.k, in.v, in.weight);
-    for (int n : {1, 2, 3}) {
-      at::set_num_threads(n);
-      const Grads fused = attention_grads(
-          [&](auto& q, auto& k, auto& v) { return small_head_attention(q, k, v, c.heads, scale, false); }, in.q, in.k,
-          in.v, in.weight);
-      // Different summation orders and a polynomial exp (≤ 2 ulp): a few ulps of the largest value.
-      EXPECT_TRUE(sd::test::grads_close(fused, reference, 1e-5)) << n << " threads";
+    for (const int bits : vector_widths()) {
+      const VectorWidth width(bits);
+      for (int n : {1, 2, 3}) {
+        at::set_num_threads(n);
+        const Grads fused = attention_grads(
+            [&](auto& q, auto& k, auto& v) { return small_head_attention(q, k, v, c.heads, scale, false); }, in.q, in.k,
+            in.v, in.weight);
+        // Different summation orders and a polynomial exp (≤ 2 ulp): a few ulps of the largest value.
+        EXPECT_TRUE(sd::test::grads_close(fused, reference, 1e-5)) << n << " threads, " << bits << "-bit vectors";
+      }
     }
   }
   at::set_num_threads(threads);
@@ -121,19 +141,23 @@ TEST(SmallHeadAttention, Bf16RoundsLikeDiffusersForwardAndBackwardIsNoWorse) {
       const Grads reference = attention_grads(
           [&](auto& q, auto& k, auto& v) { return reference_attention(q, k, v, c.heads, scale, upcast); }, in.q, in.k,
           in.v, in.weight);
-      const Grads fused = attention_grads(
-          [&](auto& q, auto& k, auto& v) { return small_head_attention(q, k, v, c.heads, scale, upcast); }, in.q, in.k,
-          in.v, in.weight);
-      EXPECT_EQ(fused.out.scalar_type(), at::kBFloat16);
-      EXPECT_EQ(fused.dq.scalar_type(), at::kBFloat16);
-      EXPECT_TRUE(sd::test::close_rel_max(fused.out, reference.out, 1.0 / 64));
-      const std::vector<std::pair<at::Tensor, at::Tensor>> grads = {
-          {fused.dq, reference.dq}, {fused.dk, reference.dk}, {fused.dv, reference.dv}};
-      const std::vector<at::Tensor> true_grads = {truth.dq, truth.dk, truth.dv};
-      for (size_t g = 0; g < grads.size(); ++g)
-        EXPECT_LE(sd::test::rel_l2(grads[g].first, true_grads[g]),
-                  1.05 * sd::test::rel_l2(grads[g].second, true_grads[g]) + 1e-3)
-            << "gradient " << g;
+      for (const int bits : vector_widths()) {
+        SCOPED_TRACE(::testing::Message() << bits << "-bit vectors");
+        const VectorWidth width(bits);
+        const Grads fused = attention_grads(
+            [&](auto& q, auto& k, auto& v) { return small_head_attention(q, k, v, c.heads, scale, upcast); }, in.q,
+            in.k, in.v, in.weight);
+        EXPECT_EQ(fused.out.scalar_type(), at::kBFloat16);
+        EXPECT_EQ(fused.dq.scalar_type(), at::kBFloat16);
+        EXPECT_TRUE(sd::test::close_rel_max(fused.out, reference.out, 1.0 / 64));
+        const std::vector<std::pair<at::Tensor, at::Tensor>> grads = {
+            {fused.dq, reference.dq}, {fused.dk, reference.dk}, {fused.dv, reference.dv}};
+        const std::vector<at::Tensor> true_grads = {truth.dq, truth.dk, truth.dv};
+        for (size_t g = 0; g < grads.size(); ++g)
+          EXPECT_LE(sd::test::rel_l2(grads[g].first, true_grads[g]),
+                    1.05 * sd::test::rel_l2(grads[g].second, true_grads[g]) + 1e-3)
+              << "gradient " << g;
+      }
     }
   }
 }
@@ -159,43 +183,51 @@ TEST(SmallHeadAttention, ReadsStridedInputsAndRepeatsBitForBit) {
 // and each row's stats. Rows are independent, so the query rows of a large problem, taken in two halves that each
 // keep their probabilities, give the same output and dq bit for bit, and dk and dv up to the order of their sums.
 TEST(SmallHeadAttention, RecomputedProbabilitiesGiveTheKeptOnesGradients) {
-  at::manual_seed(6);
-  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
-    const Case c{1, 1, 2080, 2048, 4};  // 2080 x 2048 scores: recomputed; each half: kept
-    const Inputs in = random_inputs(c, dtype);
-    auto fused = [&](auto& q, auto& k, auto& v) { return small_head_attention(q, k, v, c.heads, 0.5, false); };
-    const Grads whole = attention_grads(fused, in.q, in.k, in.v, in.weight);
-    Grads halves[2];
-    for (int half = 0; half < 2; ++half) {
-      const at::Tensor rows = at::arange(half * c.lq / 2, (half + 1) * c.lq / 2);
-      halves[half] = attention_grads(fused, in.q.index_select(1, rows), in.k, in.v, in.weight.index_select(1, rows));
+  for (const int bits : vector_widths()) {
+    SCOPED_TRACE(::testing::Message() << bits << "-bit vectors");
+    const VectorWidth width(bits);
+    at::manual_seed(6);
+    for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+      const Case c{1, 1, 2080, 2048, 4};  // 2080 x 2048 scores: recomputed; each half: kept
+      const Inputs in = random_inputs(c, dtype);
+      auto fused = [&](auto& q, auto& k, auto& v) { return small_head_attention(q, k, v, c.heads, 0.5, false); };
+      const Grads whole = attention_grads(fused, in.q, in.k, in.v, in.weight);
+      Grads halves[2];
+      for (int half = 0; half < 2; ++half) {
+        const at::Tensor rows = at::arange(half * c.lq / 2, (half + 1) * c.lq / 2);
+        halves[half] = attention_grads(fused, in.q.index_select(1, rows), in.k, in.v, in.weight.index_select(1, rows));
+      }
+      SCOPED_TRACE(c10::toString(dtype));
+      EXPECT_TRUE(at::equal(whole.out, at::cat({halves[0].out, halves[1].out}, 1)));
+      EXPECT_TRUE(at::equal(whole.dq, at::cat({halves[0].dq, halves[1].dq}, 1)));
+      const double tol = dtype == at::kFloat ? 1e-5 : 2e-2;
+      EXPECT_TRUE(sd::test::close_rel_max(whole.dk, halves[0].dk.to(at::kFloat) + halves[1].dk.to(at::kFloat), tol));
+      EXPECT_TRUE(sd::test::close_rel_max(whole.dv, halves[0].dv.to(at::kFloat) + halves[1].dv.to(at::kFloat), tol));
     }
-    SCOPED_TRACE(c10::toString(dtype));
-    EXPECT_TRUE(at::equal(whole.out, at::cat({halves[0].out, halves[1].out}, 1)));
-    EXPECT_TRUE(at::equal(whole.dq, at::cat({halves[0].dq, halves[1].dq}, 1)));
-    const double tol = dtype == at::kFloat ? 1e-5 : 2e-2;
-    EXPECT_TRUE(sd::test::close_rel_max(whole.dk, halves[0].dk.to(at::kFloat) + halves[1].dk.to(at::kFloat), tol));
-    EXPECT_TRUE(sd::test::close_rel_max(whole.dv, halves[0].dv.to(at::kFloat) + halves[1].dv.to(at::kFloat), tol));
   }
 }
 
 // A NaN reaches the outputs it touches, as in the reference, so a diverging run is noticed rather than hidden.
 TEST(SmallHeadAttention, NanReachesTheRowsItTouches) {
-  at::manual_seed(2);
-  const Case c{1, 2, 6, 9, 4};
-  const Inputs in = random_inputs(c, at::kFloat);
-  at::Tensor q = in.q.clone();
-  q[0][3][1] = NAN;  // query 3 of head 0
-  const at::Tensor out = small_head_attention(q, in.k, in.v, c.heads, 0.5, false);
-  const at::Tensor nan_rows = out.isnan().any(-1)[0];
-  EXPECT_TRUE(at::equal(nan_rows, at::arange(6).eq(3))) << nan_rows;
-  EXPECT_TRUE(out[0][3].slice(0, 0, 4).isnan().all().item<bool>());   // head 0's channels
-  EXPECT_FALSE(out[0][3].slice(0, 4, 8).isnan().any().item<bool>());  // head 1's
-  at::Tensor k = in.k.clone();
-  k[0][5][6] = NAN;  // key 5 of head 1: every query of head 1
-  const at::Tensor out_k = small_head_attention(in.q, k, in.v, c.heads, 0.5, false);
-  EXPECT_TRUE(out_k.slice(2, 4, 8).isnan().all().item<bool>());
-  EXPECT_FALSE(out_k.slice(2, 0, 4).isnan().any().item<bool>());
+  for (const int bits : vector_widths()) {
+    SCOPED_TRACE(::testing::Message() << bits << "-bit vectors");
+    const VectorWidth width(bits);
+    at::manual_seed(2);
+    const Case c{1, 2, 6, 9, 4};
+    const Inputs in = random_inputs(c, at::kFloat);
+    at::Tensor q = in.q.clone();
+    q[0][3][1] = NAN;  // query 3 of head 0
+    const at::Tensor out = small_head_attention(q, in.k, in.v, c.heads, 0.5, false);
+    const at::Tensor nan_rows = out.isnan().any(-1)[0];
+    EXPECT_TRUE(at::equal(nan_rows, at::arange(6).eq(3))) << nan_rows;
+    EXPECT_TRUE(out[0][3].slice(0, 0, 4).isnan().all().item<bool>());   // head 0's channels
+    EXPECT_FALSE(out[0][3].slice(0, 4, 8).isnan().any().item<bool>());  // head 1's
+    at::Tensor k = in.k.clone();
+    k[0][5][6] = NAN;  // key 5 of head 1: every query of head 1
+    const at::Tensor out_k = small_head_attention(in.q, k, in.v, c.heads, 0.5, false);
+    EXPECT_TRUE(out_k.slice(2, 4, 8).isnan().all().item<bool>());
+    EXPECT_FALSE(out_k.slice(2, 0, 4).isnan().any().item<bool>());
+  }
 }
 
 TEST(SmallHeadAttention, FitsOnlyWhatItComputes) {
@@ -214,6 +246,13 @@ TEST(SmallHeadAttention, FitsOnlyWhatItComputes) {
   EXPECT_THROW(small_head_attention(x, x, at::randn({1, 6, 64}), 8, 0.5, false), Error);  // v wider than k
   EXPECT_NE(sd::test::error_message([&] { small_head_attention(x, x, x, 1, 0.5, false); }).find("at most 16 channels"),
             std::string::npos);
+  const std::string width_message = sd::test::error_message([] { set_small_head_attention_vector_bits(128); });
+  EXPECT_NE(width_message.find("vector width 128 bits: expected 256 or, on a CPU with AVX-512F, 512"),
+            std::string::npos)
+      << width_message;
+  if (small_head_attention_vector_bits() == 256) {
+    EXPECT_THROW(set_small_head_attention_vector_bits(512), Error);  // a CPU without AVX-512F
+  }
 }
 
 // Whether `name` is a node of the autograd graph that produced `out`.
