@@ -55,16 +55,29 @@ struct RowStats {
 // ---------------------------------------------------------------------------------------------------------------
 // One batch x head slice.
 
+int64_t padded(int64_t keys) { return (keys + kKeyPadding - 1) / kKeyPadding * kKeyPadding; }
+
 struct Problem {
   int64_t batch, heads, queries, keys, d;
-  int64_t n;  // keys rounded up to a multiple of kKeyPadding
+  int64_t n;  // padded(keys)
   // Floats from one channel's keys to the next in a transposed slice: n and one cache line more, so that the D
   // channel rows never fall into the same cache sets (at n = 1024 they would all be 4 KiB apart: measured 3.5x
   // slower per score).
   int64_t stride;
   float scale;
   Rounding rounding;
+  bool causal;  // query i sees keys 0 ... i only
 };
+
+// Query row i's context from its slice's: every key, or under a causal mask keys 0 ... i, whose loops stop at the
+// padded vector holding key i (the masked keys' probabilities are exact zeros, so skipping them changes nothing).
+RowContext context_of_row(RowContext row, const Problem& p, int64_t i) {
+  if (p.causal) {
+    row.keys = std::min(i + 1, p.keys);
+    row.n = padded(row.keys);
+  }
+  return row;
+}
 
 // Where slice (b, h) starts in a [B, L, heads*D] tensor, and the distance between its rows.
 template <typename T>
@@ -291,10 +304,10 @@ Tensors<T> tensors_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor
 class SmallHeadAttention : public torch::autograd::Function<SmallHeadAttention> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q_in, const at::Tensor& k_in,
-                            const at::Tensor& v_in, int64_t heads, double scale, bool upcast_attention) {
+                            const at::Tensor& v_in, int64_t heads, double scale, bool upcast_attention, bool causal) {
     RECORD_USER_SCOPE_WITH_INPUTS("sdtrain::attention", std::vector<c10::IValue>({q_in, k_in, v_in}));
     const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
-    const Problem p = problem(q, k, heads, scale, upcast_attention);
+    const Problem p = problem(q, k, heads, scale, upcast_attention, causal);
     at::Tensor out = at::empty_like(q);
     at::Tensor stats = at::empty({p.batch, heads, p.queries, 2}, q.options().dtype(at::kFloat));
     auto* row_stats = reinterpret_cast<RowStats*>(stats.data_ptr<float>());
@@ -318,6 +331,7 @@ class SmallHeadAttention : public torch::autograd::Function<SmallHeadAttention> 
     ctx->saved_data["heads"] = heads;
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["upcast"] = upcast_attention;
+    ctx->saved_data["causal"] = causal;
     return out;
   }
 
@@ -326,7 +340,8 @@ class SmallHeadAttention : public torch::autograd::Function<SmallHeadAttention> 
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &stats = saved[3], &kept = saved[4];
     RECORD_USER_SCOPE_WITH_INPUTS("sdtrain::attention_backward", std::vector<c10::IValue>({q, k, v}));
     const int64_t heads = ctx->saved_data["heads"].toInt();
-    const Problem p = problem(q, k, heads, ctx->saved_data["scale"].toDouble(), ctx->saved_data["upcast"].toBool());
+    const Problem p = problem(q, k, heads, ctx->saved_data["scale"].toDouble(), ctx->saved_data["upcast"].toBool(),
+                              ctx->saved_data["causal"].toBool());
     const at::Tensor d_out = grad_outputs[0].to(v.scalar_type()).contiguous();
     at::Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
     const auto* row_stats = reinterpret_cast<const RowStats*>(stats.data_ptr<float>());
@@ -343,7 +358,7 @@ class SmallHeadAttention : public torch::autograd::Function<SmallHeadAttention> 
         });
       });
     });
-    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor()};
+    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 
  private:
@@ -355,9 +370,10 @@ class SmallHeadAttention : public torch::autograd::Function<SmallHeadAttention> 
     return p.batch * p.heads * p.queries * p.n <= kMostKeptProbabilities;
   }
 
-  static Problem problem(const at::Tensor& q, const at::Tensor& k, int64_t heads, double scale, bool upcast_attention) {
+  static Problem problem(const at::Tensor& q, const at::Tensor& k, int64_t heads, double scale, bool upcast_attention,
+                         bool causal) {
     const bool bf16 = q.scalar_type() == at::kBFloat16;
-    const int64_t n = (k.size(1) + kKeyPadding - 1) / kKeyPadding * kKeyPadding;
+    const int64_t n = padded(k.size(1));
     return {q.size(0),
             heads,
             q.size(1),
@@ -366,7 +382,8 @@ class SmallHeadAttention : public torch::autograd::Function<SmallHeadAttention> 
             n,
             n + 64 / static_cast<int64_t>(sizeof(float)),
             static_cast<float>(scale),
-            {bf16 && !upcast_attention, bf16}};
+            {bf16 && !upcast_attention, bf16},
+            causal};
   }
 };
 
@@ -397,7 +414,7 @@ bool small_head_attention_fits(const at::Tensor& q, const at::Tensor& k, const a
 }
 
 at::Tensor small_head_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads,
-                                double scale, bool upcast_attention) {
+                                double scale, bool upcast_attention, bool causal) {
   SD_CHECK(small_head_attention_fits(q, k, v, heads),
            "small_head_attention: expected float32 or bf16 CPU tensors of one dtype with at most {} channels per head "
            "on an AVX2 CPU, got {} q [{}], {} k, {} v for {} heads",
@@ -406,7 +423,7 @@ at::Tensor small_head_attention(const at::Tensor& q, const at::Tensor& k, const 
   SD_CHECK(k.dim() == 3 && k.sizes() == v.sizes() && k.size(0) == q.size(0) && k.size(2) == q.size(2),
            "small_head_attention: expected q [B, Lq, C], k and v [B, Lk, C], got [{}], [{}], [{}]",
            fmt::join(q.sizes(), ", "), fmt::join(k.sizes(), ", "), fmt::join(v.sizes(), ", "));
-  return SmallHeadAttention::apply(q, k, v, heads, scale, upcast_attention);
+  return SmallHeadAttention::apply(q, k, v, heads, scale, upcast_attention, causal);
 }
 
 }  // namespace sd::models

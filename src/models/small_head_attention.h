@@ -22,9 +22,10 @@ namespace sd::models {
 bool small_head_attention_fits(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads);
 
 // softmax(q kᵀ · scale) v per head, on the projections as the linear layers return them:
-// q: [B, Lq, heads*d], k and v: [B, Lk, heads*d] -> [B, Lq, heads*d]; differentiable in q, k and v.
+// q: [B, Lq, heads*d], k and v: [B, Lk, heads*d] -> [B, Lq, heads*d]; differentiable in q, k and v. `causal`: query
+// i attends to keys 0 ... i only, as under CLIP's causal mask (the masked scores' probabilities are exact zeros).
 at::Tensor small_head_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads,
-                                double scale, bool upcast_attention);
+                                double scale, bool upcast_attention, bool causal = false);
 
 // The widest vectors the kernels use: 512 bits on a CPU with AVX-512F (twice the scores per instruction), else 256
 // (AVX2). Setting 256 runs the AVX2 kernels on any CPU, so that tests check both; 512 needs AVX-512F.

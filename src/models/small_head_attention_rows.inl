@@ -131,7 +131,7 @@ void forward_slice(const Problem& p, const Tensors<T>& in, int64_t b, int64_t h,
   for (int64_t i = 0; i < p.queries; ++i) {
     float q_row[D], out_row[D];
     convert_row<D>(q.row(i), q_row);
-    stats[i] = forward_row<D>(row, q_row, buffer.data(), out_row, kept ? kept + i * p.n : nullptr);
+    stats[i] = forward_row<D>(context_of_row(row, p, i), q_row, buffer.data(), out_row, kept ? kept + i * p.n : nullptr);
     convert_row<D>(out_row, o.row(i));
   }
 }
@@ -151,8 +151,8 @@ void backward_slice(const Problem& p, const Tensors<T>& in, const T* d_out, cons
     float q_row[D], d_out_row[D], dq_row[D];
     convert_row<D>(q.row(i), q_row);
     convert_row<D>(g.row(i), d_out_row);
-    backward_row<D>(row, stats[i], q_row, d_out_row, kept ? kept + i * p.n : nullptr, buffer.data(), d_scores.data(),
-                    dq_row, dkt.data(), dvt.data());
+    backward_row<D>(context_of_row(row, p, i), stats[i], q_row, d_out_row, kept ? kept + i * p.n : nullptr,
+                    buffer.data(), d_scores.data(), dq_row, dkt.data(), dvt.data());
     convert_row<D>(dq_row, dq.row(i));
   }
   store_transposed<D>(dkt.data(), p.keys, p.stride, SliceOf<T>(grads.dk, p, b, h, p.keys));

@@ -57,7 +57,9 @@ TEST(Conv2d, GemmPathEqualsLibTorchsConvolutionForwardAndBackward) {
       EXPECT_TRUE(sd::test::close_rel_max(gemm.out, ref.out, tol));
       EXPECT_TRUE(sd::test::close_rel_max(gemm.dx, ref.dx, tol));
       EXPECT_TRUE(sd::test::close_rel_max(gemm.dw, ref.dw, tol));
-      if (s.bias) EXPECT_TRUE(sd::test::close_rel_max(gemm.db, ref.db, tol));
+      if (s.bias) {
+        EXPECT_TRUE(sd::test::close_rel_max(gemm.db, ref.db, tol));
+      }
       EXPECT_TRUE(gemm.out.is_contiguous());
     }
   }

@@ -1,11 +1,13 @@
-// Helpers shared by the UNet/VAE tests: golden comparison with the measured ratio printed, error capture, and
-// copies of fixture model folders with edited weights.
+// Helpers shared by the model tests: golden comparison with the measured ratio printed, error capture, copies of
+// fixture model folders with edited weights, and which autograd nodes a model's output came through.
 #pragma once
+#include <torch/csrc/autograd/function.h>
 #include <torch/nn/module.h>
 
 #include <filesystem>
 #include <functional>
 #include <iostream>
+#include <set>
 #include <string>
 
 #include "core/error.h"
@@ -58,6 +60,20 @@ inline void write_edited_component(const std::filesystem::path& dir, const std::
   io::TensorMap weights = io::load_safetensors(src / "diffusion_pytorch_model.safetensors");
   edit(weights);
   io::save_safetensors(dir / "diffusion_pytorch_model.safetensors", weights);
+}
+
+// Whether `name` is a node of the autograd graph that produced `out`.
+inline bool graph_has_node(const at::Tensor& out, const std::string& name) {
+  std::vector<std::shared_ptr<torch::autograd::Node>> pending{out.grad_fn()};
+  std::set<const torch::autograd::Node*> seen;
+  while (!pending.empty()) {
+    const std::shared_ptr<torch::autograd::Node> node = pending.back();
+    pending.pop_back();
+    if (!node || !seen.insert(node.get()).second) continue;
+    if (node->name().find(name) != std::string::npos) return true;
+    for (const auto& edge : node->next_edges()) pending.push_back(edge.function);
+  }
+  return false;
 }
 
 }  // namespace sd::test

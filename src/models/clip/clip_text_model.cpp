@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "io/atomic_file.h"
+#include "models/small_head_attention.h"
 #include "models/weights.h"
 
 namespace sd::models {
@@ -40,13 +41,18 @@ ClipAttentionImpl::ClipAttentionImpl(const ClipTextConfig& c)
 
 at::Tensor ClipAttentionImpl::forward(const at::Tensor& x, const at::Tensor& causal_mask) {
   const int64_t b = x.size(0), s = x.size(1), d = x.size(2);
-  // Same op order as transformers' CLIPAttention: scale q after the projection, bmm over [B*H, S, hd].
+  // Same op order as transformers' CLIPAttention: scale q after the projection, then q kᵀ per head.
+  const at::Tensor q_scaled = project(q_proj, x) * scale_, k_rows = project(k_proj, x), v_rows = project(v_proj, x);
+  // Heads of up to 16 channels (tiny models) take one fused node for the ~20 ops below; it applies the same causal
+  // mask itself (its masked probabilities are exact zeros, as the mask's lowest value makes them here).
+  const bool drops = dropout_ > 0 && is_training();
+  if (!drops && small_head_attention_fits(q_scaled, k_rows, v_rows, heads_))
+    return project(out_proj, small_head_attention(q_scaled, k_rows, v_rows, heads_, /*scale=*/1.0,
+                                                  /*upcast_attention=*/false, /*causal=*/true));
   auto heads = [&](const at::Tensor& t) {  // [B, S, D] -> [B*H, S, hd]
     return t.view({b, s, heads_, head_dim_}).transpose(1, 2).contiguous().view({b * heads_, s, head_dim_});
   };
-  const at::Tensor q = heads(project(q_proj, x) * scale_);
-  const at::Tensor k = heads(project(k_proj, x));
-  const at::Tensor v = heads(project(v_proj, x));
+  const at::Tensor q = heads(q_scaled), k = heads(k_rows), v = heads(v_rows);
   at::Tensor weights = at::bmm(q, k.transpose(1, 2));  // [B*H, S, S]
   weights = (weights.view({b, heads_, s, s}) + causal_mask).view({b * heads_, s, s});
   weights = at::softmax(weights, -1);  // in the mask's (the stream's) dtype

@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "io/atomic_file.h"
 #include "io/safetensors.h"
+#include "models/model_test_util.h"
 #include "models/weights.h"
 #include "test_util.h"
 #include "text/clip_tokenizer.h"
@@ -79,6 +80,19 @@ void check_parity(const std::string& pipeline) {
 
 TEST(ClipTextModel, ParitySd1QuickGeluLegacyPooling) { check_parity("tiny-sd1"); }
 TEST(ClipTextModel, ParitySd2GeluEosPooling) { check_parity("tiny-sd2"); }
+
+// Heads of up to 16 channels (tiny-sd1's 4 heads of 8) take the fused causal kernel, whose numbers the parity tests
+// above check; float64 keeps the batched-matmul path, which Float64MatchesGolden checks.
+TEST(ClipTextModel, SmallHeadsTakeTheFusedCausalAttention) {
+  const at::Tensor ids =
+      io::load_safetensors(sd::test::golden("tiny-sd1/text_encoder.safetensors")).at("input.input_ids");
+  ClipTextModel model = load_text_encoder(encoder_dir("tiny-sd1"));
+  EXPECT_TRUE(sd::test::graph_has_node(model->forward(ids).last_hidden_state, "SmallHeadAttention"));
+  ClipTextModel float64 = load_text_encoder(encoder_dir("tiny-sd1"), at::kDouble);
+  const at::Tensor out = float64->forward(ids).last_hidden_state;
+  EXPECT_FALSE(sd::test::graph_has_node(out, "SmallHeadAttention"));
+  EXPECT_TRUE(sd::test::graph_has_node(out, "BmmBackward"));
+}
 
 TEST(ClipTextModel, Bf16WeightsRunAndStayClose) {
   const auto golden = io::load_safetensors(sd::test::golden("tiny-sd1/text_encoder.safetensors"));
