@@ -136,7 +136,7 @@ struct KeysAndValues {
 // ---------------------------------------------------------------------------------------------------------------
 // The kernels, once per vector width (small_head_attention_rows.inl). Each width's namespace defines its vector
 // operations and includes the kernels under a `#pragma GCC target` for its instruction set, so that the same source
-// compiles to AVX2 code in one namespace and to AVX-512 code in the other, and the right one runs by the CPU.
+// compiles to AVX2 code in one namespace and to AVX-512 code in the other; the CPU decides which runs.
 //
 // exp(x) in both: Cephes' expf (x = n·ln2 + r with |r| ≤ ln2/2, 2^n from the exponent bits, e^r from a degree-7
 // polynomial), within 2 ulp of std::exp. Below -87.3, where float32's exp leaves the normal range, and for -inf it
@@ -386,10 +386,6 @@ class SmallHeadAttention : public torch::autograd::Function<SmallHeadAttention> 
             causal};
   }
 };
-
-}  // namespace
-
-namespace {
 
 int widest_vector_bits() { return __builtin_cpu_supports("avx512f") ? 512 : 256; }
 
