@@ -1,5 +1,7 @@
 #include "train/precision.h"
 
+#include <cstdlib>
+#include <string>
 #include <utility>
 
 #include "core/cpu_features.h"
@@ -20,6 +22,15 @@ const char* why_bf16_is_slow_here() {
   return nullptr;
 }
 
+// SDTRAIN_FORCE_BF16=1: compute in bf16 on an AVX-512 CPU without bf16 instructions anyway, so that the bf16 path
+// can be exercised (tests, CI) on such machines. Not on CPUs without AVX-512, whose bf16 fallback sums in bf16.
+bool bf16_forced() {
+  const char* value = std::getenv("SDTRAIN_FORCE_BF16");
+  if (!value || !*value || std::string(value) == "0") return false;
+  SD_CHECK(std::string(value) == "1", "SDTRAIN_FORCE_BF16: expected 1 or 0, got '{}'", value);
+  return true;
+}
+
 }  // namespace
 
 PrecisionPolicy PrecisionPolicy::from_flag(const std::string& mixed_precision) {
@@ -30,13 +41,15 @@ PrecisionPolicy PrecisionPolicy::from_flag(const std::string& mixed_precision) {
     log::info(
         "note: --mixed_precision fp16: CPUs have no fast float16 kernels; bf16 is used instead (same memory, "
         "float32's range)");
-  if (const char* why = why_bf16_is_slow_here()) {
-    static bool announced = false;
-    if (!std::exchange(announced, true))
-      log::info("note: --mixed_precision {}: {}; computing in float32 instead", mixed_precision, why);
-    return {};
-  }
-  return {at::kBFloat16, at::kBFloat16, at::kFloat};
+  const PrecisionPolicy bf16{at::kBFloat16, at::kBFloat16, at::kFloat};
+  const bool forced = bf16_forced() && cpu_runs_bf16_in_onednn();
+  const char* why = why_bf16_is_slow_here();
+  if (!why) return bf16;
+  static bool announced = false;
+  if (!std::exchange(announced, true))
+    log::info("note: --mixed_precision {}: {}; {}", mixed_precision, why,
+              forced ? "computing in bf16 anyway (SDTRAIN_FORCE_BF16)" : "computing in float32 instead");
+  return forced ? bf16 : PrecisionPolicy{};
 }
 
 }  // namespace sd::train

@@ -18,8 +18,8 @@ struct PrecisionPolicy {
 
   // "no" -> float32 everywhere; "bf16" -> bf16 compute and frozen models; "fp16" is taken as bf16 (CPUs have no
   // fast float16 kernels). On a CPU where bf16 arithmetic is slower than float32 (no AVX-512, or AVX-512 without
-  // bf16 instructions: core/cpu_features.h) bf16 is computed in float32. Each substitution is announced on the main
-  // rank.
+  // bf16 instructions: core/cpu_features.h) bf16 is computed in float32, unless SDTRAIN_FORCE_BF16=1 asks for bf16
+  // on the latter (to exercise the bf16 path there). Each substitution is announced on the main rank.
   static PrecisionPolicy from_flag(const std::string& mixed_precision);
   bool mixed() const { return compute != master; }
 };

@@ -1,6 +1,7 @@
 // End-to-end: `sdtrain train` on tiny-sd1. The reference replay (golden C10) through the binary on 1 and 2 ranks,
 // training on an image folder and generating with the result, N ranks = 1 rank with accumulation, SIGTERM and
 // resume giving the bits of an uninterrupted run, synthetic data, and the errors for bad input.
+#include <cmath>
 #include <csignal>
 #include <fstream>
 #include <functional>
@@ -8,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "core/cpu_features.h"
 #include "io/atomic_file.h"
 #include "io/safetensors.h"
 #include "process_util.h"
@@ -180,6 +182,37 @@ TEST(TrainE2E, TrainsOnAnImageFolderAndTheResultGenerates) {
   ASSERT_EQ(b.exit_code, 0) << b.output;
   const io::TensorMap one = unet_of(single), two = unet_of(multi);
   for (const auto& [name, t] : one) EXPECT_TRUE(sd::test::close_rel_max(two.at(name), t, 2e-5)) << name;
+}
+
+// SDTRAIN_FORCE_BF16=1 computes in bf16 on an AVX-512 CPU without bf16 instructions, where --mixed_precision bf16
+// would compute in float32, and says so; the weights it trains are near float32's. Elsewhere it changes nothing.
+TEST(TrainE2E, ForcedBf16ComputesInBf16WhereTheCpuAloneWouldNot) {
+  sd::test::TempDir dir;
+  const fs::path data = sd::test::write_image_folder(dir.path() / "data");
+  const fs::path chosen = dir.path() / "chosen", forced = dir.path() / "forced";
+  auto a = sd::test::run_process(train_command(folder_flags(data, chosen, 1, 2)), 300s,
+                                 {{"SDTRAIN_FORCE_BF16", "\x01unset"}});
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  auto b = sd::test::run_process(train_command(folder_flags(data, forced, 1, 2)), 300s, {{"SDTRAIN_FORCE_BF16", "1"}});
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  const bool takes_effect = cpu_runs_bf16_in_onednn() && !cpu_has_fast_bf16();
+  EXPECT_EQ(b.output.find("computing in bf16 anyway (SDTRAIN_FORCE_BF16)") != std::string::npos, takes_effect)
+      << b.output;
+  // AdamW's first steps move each weight by about ±lr whatever its gradient's size, so near-zero gradients whose
+  // sign bf16 flips move it the other way: compare the updates as a whole, not weight by weight.
+  const io::TensorMap start = io::load_safetensors(tiny_sd1() / "unet" / "diffusion_pytorch_model.safetensors");
+  const io::TensorMap chosen_weights = unet_of(chosen), forced_weights = unet_of(forced);
+  double difference = 0, update = 0;
+  bool identical = true;
+  for (const auto& [name, t] : chosen_weights) {
+    const at::Tensor u = forced_weights.at(name);
+    identical = identical && at::equal(u, t);
+    difference += (u - t).to(at::kDouble).pow(2).sum().item<double>();
+    update += (t - start.at(name)).to(at::kDouble).pow(2).sum().item<double>();
+  }
+  EXPECT_EQ(identical, !takes_effect);
+  std::printf("forced bf16 against the CPU's choice: |difference| / |update| = %.3f\n", std::sqrt(difference / update));
+  EXPECT_LT(std::sqrt(difference / update), 0.5);
 }
 
 // Waits until the run's metrics log has at least `lines` lines.

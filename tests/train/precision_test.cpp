@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <optional>
+#include <string>
+
 #include "core/cpu_features.h"
 #include "test_util.h"
 
@@ -26,6 +30,38 @@ TEST(PrecisionPolicy, Bf16ComputesInBf16OnlyWhereItIsFast) {
     EXPECT_EQ(p.master, at::kFloat) << flag;
     EXPECT_EQ(p.mixed(), cpu_has_fast_bf16()) << flag;
   }
+}
+
+// Sets an environment variable while alive, then restores it.
+struct ScopedEnv {
+  std::string name;
+  std::optional<std::string> before;
+  ScopedEnv(std::string n, const char* value) : name(std::move(n)) {
+    if (const char* old = std::getenv(name.c_str())) before = old;
+    setenv(name.c_str(), value, 1);
+  }
+  ~ScopedEnv() { before ? setenv(name.c_str(), before->c_str(), 1) : unsetenv(name.c_str()); }
+};
+
+// SDTRAIN_FORCE_BF16=1 computes in bf16 wherever oneDNN runs bf16 (AVX-512), even without bf16 instructions; on a
+// CPU without AVX-512 it cannot, and float32 stays. 0 leaves the choice to the CPU; other values are named.
+TEST(PrecisionPolicy, ForcedBf16ComputesInBf16WhereOnednnRunsIt) {
+  {
+    const ScopedEnv forced("SDTRAIN_FORCE_BF16", "1");
+    const PrecisionPolicy p = PrecisionPolicy::from_flag("bf16");
+    const at::ScalarType expected = cpu_runs_bf16_in_onednn() ? at::kBFloat16 : at::kFloat;
+    EXPECT_EQ(p.compute, expected);
+    EXPECT_EQ(p.frozen, expected);
+    EXPECT_EQ(p.master, at::kFloat);
+    EXPECT_FALSE(PrecisionPolicy::from_flag("no").mixed());
+  }
+  {
+    const ScopedEnv off("SDTRAIN_FORCE_BF16", "0");
+    EXPECT_EQ(PrecisionPolicy::from_flag("bf16").compute, cpu_has_fast_bf16() ? at::kBFloat16 : at::kFloat);
+  }
+  const ScopedEnv bad("SDTRAIN_FORCE_BF16", "yes");
+  EXPECT_EQ(test::error_of([] { PrecisionPolicy::from_flag("bf16"); }),
+            "SDTRAIN_FORCE_BF16: expected 1 or 0, got 'yes'");
 }
 
 TEST(PrecisionPolicy, AnUnknownFlagIsNamed) {
