@@ -48,7 +48,9 @@ PrecisionPolicy PrecisionPolicy::from_flag(const std::string& mixed_precision) {
   static bool announced = false;
   if (!std::exchange(announced, true))
     log::info("note: --mixed_precision {}: {}; {}", mixed_precision, why,
-              forced ? "computing in bf16 anyway (SDTRAIN_FORCE_BF16)" : "computing in float32 instead");
+              forced                      ? "computing in bf16 anyway (SDTRAIN_FORCE_BF16)"
+              : cpu_runs_bf16_in_onednn() ? "computing in float32 instead (SDTRAIN_FORCE_BF16=1 would force bf16)"
+                                          : "computing in float32 instead");
   return forced ? bf16 : PrecisionPolicy{};
 }
 

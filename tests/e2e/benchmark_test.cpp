@@ -83,8 +83,8 @@ TEST(BenchmarkE2E, UNetTrainingReportsStepsFlopsMfuMemoryAndOpClasses) {
 // exactly where the CPU has bf16 instructions: emulated bf16 on other AVX-512 CPUs runs at a quarter of float32's
 // speed.
 TEST(BenchmarkE2E, NamesTheCpuAndComputesBf16OnlyWhereItIsFast) {
-  auto r =
-      sd::test::run_process(benchmark({"--task=textual-inversion", "--mixed_precision=bf16", "--no_profile"}), 300s);
+  auto r = sd::test::run_process(benchmark({"--task=textual-inversion", "--mixed_precision=bf16", "--no_profile"}),
+                                 300s, {{"SDTRAIN_FORCE_BF16", "\x01unset"}});  // the CPU's own choice
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto lines = json_lines(r.output);
   ASSERT_EQ(lines.size(), 1u) << r.output;
@@ -97,6 +97,7 @@ TEST(BenchmarkE2E, NamesTheCpuAndComputesBf16OnlyWhereItIsFast) {
                                               : "no AVX-512");
   EXPECT_EQ(lines[0]["compute_dtype"], bf16 ? "bf16" : "float32");
   EXPECT_EQ(r.output.find("computing in float32 instead") == std::string::npos, bf16) << r.output;
+  EXPECT_EQ(r.output.find("SDTRAIN_FORCE_BF16=1 would force bf16") != std::string::npos, avx512 && !bf16) << r.output;
 }
 
 // LoRA: the frozen UNet's forward and activation backward (2x the forward), only the adapters counted as trained.

@@ -12,6 +12,17 @@
 namespace sd::train {
 namespace {
 
+// Sets (or, given null, unsets) an environment variable while alive, then restores it.
+struct ScopedEnv {
+  std::string name;
+  std::optional<std::string> before;
+  ScopedEnv(std::string n, const char* value) : name(std::move(n)) {
+    if (const char* old = std::getenv(name.c_str())) before = old;
+    value ? setenv(name.c_str(), value, 1) : unsetenv(name.c_str());
+  }
+  ~ScopedEnv() { before ? setenv(name.c_str(), before->c_str(), 1) : unsetenv(name.c_str()); }
+};
+
 TEST(PrecisionPolicy, NoIsFloat32Everywhere) {
   const PrecisionPolicy p = PrecisionPolicy::from_flag("no");
   EXPECT_EQ(p.compute, at::kFloat);
@@ -22,6 +33,7 @@ TEST(PrecisionPolicy, NoIsFloat32Everywhere) {
 
 // bf16 (and fp16, taken as bf16) computes in bf16 only where that is faster than float32; master weights stay float32.
 TEST(PrecisionPolicy, Bf16ComputesInBf16OnlyWhereItIsFast) {
+  const ScopedEnv unforced("SDTRAIN_FORCE_BF16", nullptr);
   const at::ScalarType expected = cpu_has_fast_bf16() ? at::kBFloat16 : at::kFloat;
   for (const char* flag : {"bf16", "fp16"}) {
     const PrecisionPolicy p = PrecisionPolicy::from_flag(flag);
@@ -31,17 +43,6 @@ TEST(PrecisionPolicy, Bf16ComputesInBf16OnlyWhereItIsFast) {
     EXPECT_EQ(p.mixed(), cpu_has_fast_bf16()) << flag;
   }
 }
-
-// Sets an environment variable while alive, then restores it.
-struct ScopedEnv {
-  std::string name;
-  std::optional<std::string> before;
-  ScopedEnv(std::string n, const char* value) : name(std::move(n)) {
-    if (const char* old = std::getenv(name.c_str())) before = old;
-    setenv(name.c_str(), value, 1);
-  }
-  ~ScopedEnv() { before ? setenv(name.c_str(), before->c_str(), 1) : unsetenv(name.c_str()); }
-};
 
 // SDTRAIN_FORCE_BF16=1 computes in bf16 wherever oneDNN runs bf16 (AVX-512), even without bf16 instructions; on a
 // CPU without AVX-512 it cannot, and float32 stays. 0 leaves the choice to the CPU; other values are named.
