@@ -31,6 +31,15 @@ bool bf16_forced() {
   return true;
 }
 
+// What runs instead of bf16 instructions, for the note: float32, or emulated bf16 where it was forced and can be.
+const char* instead(bool force_asked) {
+  if (!cpu_runs_bf16_in_onednn())
+    return force_asked ? "computing in float32 instead (SDTRAIN_FORCE_BF16 needs AVX-512)"
+                       : "computing in float32 instead";
+  return force_asked ? "computing in bf16 anyway (SDTRAIN_FORCE_BF16)"
+                     : "computing in float32 instead (SDTRAIN_FORCE_BF16=1 would force bf16)";
+}
+
 }  // namespace
 
 PrecisionPolicy PrecisionPolicy::from_flag(const std::string& mixed_precision) {
@@ -42,16 +51,13 @@ PrecisionPolicy PrecisionPolicy::from_flag(const std::string& mixed_precision) {
         "note: --mixed_precision fp16: CPUs have no fast float16 kernels; bf16 is used instead (same memory, "
         "float32's range)");
   const PrecisionPolicy bf16{at::kBFloat16, at::kBFloat16, at::kFloat};
-  const bool forced = bf16_forced() && cpu_runs_bf16_in_onednn();
+  const bool force_asked = bf16_forced();
   const char* why = why_bf16_is_slow_here();
   if (!why) return bf16;
   static bool announced = false;
   if (!std::exchange(announced, true))
-    log::info("note: --mixed_precision {}: {}; {}", mixed_precision, why,
-              forced                      ? "computing in bf16 anyway (SDTRAIN_FORCE_BF16)"
-              : cpu_runs_bf16_in_onednn() ? "computing in float32 instead (SDTRAIN_FORCE_BF16=1 would force bf16)"
-                                          : "computing in float32 instead");
-  return forced ? bf16 : PrecisionPolicy{};
+    log::info("note: --mixed_precision {}: {}; {}", mixed_precision, why, instead(force_asked));
+  return force_asked && cpu_runs_bf16_in_onednn() ? bf16 : PrecisionPolicy{};
 }
 
 }  // namespace sd::train
