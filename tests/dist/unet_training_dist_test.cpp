@@ -83,9 +83,11 @@ TEST_F(UNetTrainingDist, ShardedCheckpointResumesOnOneAndOnThreeRanks) {
     const io::TensorMap expected = unet(whole), resumed = unet(out);
     static const std::set<std::string> noise =
         sd::test::zero_gradient_parameters(sd::test::fixtures() / "tiny-sd1" / "unet");
-    for (const auto& [name, t] : expected)
-      if (!noise.count(name))
+    for (const auto& [name, t] : expected) {
+      if (!noise.count(name)) {
         EXPECT_TRUE(sd::test::close_rel_max(resumed.at(name), t, kReductionTolerance)) << r.ranks << " ranks: " << name;
+      }
+    }
   }
 }
 
