@@ -36,6 +36,17 @@ class ScopedEnv {
   std::string old_;
 };
 
+// A request as the flags give it (aggregate initialisation would leave the later members to -Wextra's warning).
+ModelRequest request(std::string name_or_path, std::string revision = "", std::string variant = "",
+                     std::string config_from = "") {
+  ModelRequest r;
+  r.name_or_path = std::move(name_or_path);
+  r.revision = std::move(revision);
+  r.variant = std::move(variant);
+  r.config_from = std::move(config_from);
+  return r;
+}
+
 std::string error_of(const ModelRequest& request) {
   try {
     resolve_model(request);
@@ -47,16 +58,18 @@ std::string error_of(const ModelRequest& request) {
 }
 
 TEST(ModelSource, LocalFoldersAndFiles) {
-  const ModelSource folder = resolve_model({(fixtures() / "tiny-sd1").string(), "", "fp16"});
+  const ModelSource folder = resolve_model(request((fixtures() / "tiny-sd1").string(), "", "fp16"));
   EXPECT_EQ(folder.kind, ModelSource::Kind::kPipelineFolder);
   EXPECT_EQ(folder.variant, "fp16");
   const fs::path file = fixtures() / "formats" / "tiny-sd1-ldm.safetensors";
-  const ModelSource single = resolve_model({file.string(), "", "", (fixtures() / "tiny-sd1").string()});
+  const ModelSource single = resolve_model(request(file.string(), "", "", (fixtures() / "tiny-sd1").string()));
   EXPECT_EQ(single.kind, ModelSource::Kind::kSingleFile);
   EXPECT_EQ(single.config_from.string(), (fixtures() / "tiny-sd1").string());
-  EXPECT_NE(error_of({file.string(), "", "fp16"}).find("--variant applies to pipeline folders"), std::string::npos);
-  EXPECT_NE(error_of({(fixtures() / "tiny-sd1").string(), "", "", "x"}).find("--config_from"), std::string::npos);
-  EXPECT_NE(error_of({"/no/such/model"}).find("/no/such/model: not found"), std::string::npos);
+  EXPECT_NE(error_of(request(file.string(), "", "fp16")).find("--variant applies to pipeline folders"),
+            std::string::npos);
+  EXPECT_NE(error_of(request((fixtures() / "tiny-sd1").string(), "", "", "x")).find("--config_from"),
+            std::string::npos);
+  EXPECT_NE(error_of(request("/no/such/model")).find("/no/such/model: not found"), std::string::npos);
 }
 
 TEST(ModelSource, HubNamesResolveFromTheCache) {
@@ -67,28 +80,28 @@ TEST(ModelSource, HubNamesResolveFromTheCache) {
   ScopedEnv env("HF_HUB_CACHE", cache.path().string());
   const fs::path repo = cache.path() / "models--sdtrain-test--tiny-sd1";
 
-  const ModelSource main = resolve_model({"sdtrain-test/tiny-sd1"});
+  const ModelSource main = resolve_model(request("sdtrain-test/tiny-sd1"));
   EXPECT_EQ(main.kind, ModelSource::Kind::kPipelineFolder);
   EXPECT_EQ(main.path.string(), (repo / "snapshots" / kCommit).string());
-  EXPECT_EQ(resolve_model({"sdtrain-test/tiny-sd1", "bin"}).path.string(),
+  EXPECT_EQ(resolve_model(request("sdtrain-test/tiny-sd1", "bin")).path.string(),
             (repo / "snapshots" / kOtherCommit).string());
-  EXPECT_EQ(resolve_model({"sdtrain-test/tiny-sd1", kOtherCommit}).path.string(),
+  EXPECT_EQ(resolve_model(request("sdtrain-test/tiny-sd1", kOtherCommit)).path.string(),
             (repo / "snapshots" / kOtherCommit).string());
 
   // The snapshot loads through its symlinks like any folder.
-  StableDiffusion from_cache = load_pipeline(resolve_model({"sdtrain-test/tiny-sd1", "bin"}));
+  StableDiffusion from_cache = load_pipeline(resolve_model(request("sdtrain-test/tiny-sd1", "bin")));
   StableDiffusion expected = load_pipeline(fixtures() / "tiny-sd1");
   EXPECT_TRUE(at::equal(from_cache.unet->conv_in->weight, expected.unet->conv_in->weight));
 
-  const std::string missing = error_of({"sdtrain-test/absent"});
+  const std::string missing = error_of(request("sdtrain-test/absent"));
   EXPECT_NE(missing.find((cache.path() / "models--sdtrain-test--absent").string()), std::string::npos) << missing;
   EXPECT_NE(missing.find("huggingface-cli download sdtrain-test/absent"), std::string::npos) << missing;
-  const std::string branch = error_of({"sdtrain-test/tiny-sd1", "v2"});
+  const std::string branch = error_of(request("sdtrain-test/tiny-sd1", "v2"));
   EXPECT_NE(branch.find((repo / "refs" / "v2").string()), std::string::npos) << branch;
   EXPECT_NE(branch.find("--revision v2"), std::string::npos) << branch;
-  EXPECT_NE(error_of({"sdtrain-test/tiny-sd1", "2222222222222222222222222222222222222222"}).find("no snapshot"),
+  EXPECT_NE(error_of(request("sdtrain-test/tiny-sd1", "2222222222222222222222222222222222222222")).find("no snapshot"),
             std::string::npos);
-  EXPECT_NE(error_of({"sdtrain-test/tiny-sd1", "../../x"}).find("--revision"), std::string::npos);
+  EXPECT_NE(error_of(request("sdtrain-test/tiny-sd1", "../../x")).find("--revision"), std::string::npos);
 }
 
 TEST(ModelSource, CacheLocationFollowsHuggingfaceHub) {

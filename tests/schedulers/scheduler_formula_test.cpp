@@ -72,13 +72,6 @@ double timestep_of(double sigma, const std::vector<double>& table) {
   return ls < std::log(table.front()) ? 0.0 : static_cast<double>(table.size() - 1);
 }
 
-// sigma(t) interpolated linearly between training timesteps (numpy.interp over the table).
-double sigma_at(double t, const std::vector<double>& table) {
-  const auto lo = static_cast<size_t>(std::floor(t));
-  if (lo + 1 >= table.size()) return table.back();
-  return table[lo] + (t - static_cast<double>(lo)) * (table[lo + 1] - table[lo]);
-}
-
 // The fixtures' replay (C5): x = latents * init_noise_sigma, model_output = 0.1 * scaled input + C.
 struct Replay {
   at::Tensor latents = at::randn({1, 4, 8, 8}, at::kDouble);
@@ -120,7 +113,9 @@ TEST(KarrasSigmas, TablesFollowTheRampAndLogSigmaInterpolation) {
       for (size_t i = 0; i < 10; ++i) {
         got_sigmas.push_back(sigmas[i == 0 ? 0 : 2 * i - 1]);
         once.push_back(got_timesteps[i == 0 ? 0 : 2 * i - 1]);
-        if (i > 0) EXPECT_EQ(got_timesteps[2 * i - 1], got_timesteps[2 * i]);
+        if (i > 0) {
+          EXPECT_EQ(got_timesteps[2 * i - 1], got_timesteps[2 * i]);
+        }
       }
       got_timesteps = once;
     } else {
@@ -163,7 +158,9 @@ TEST(HeunDiscrete, TableVisitsEveryTimestepAfterTheFirstTwice) {
   EXPECT_EQ(heun->order(), 2);
   for (size_t i = 0; i < 10; ++i) {
     EXPECT_EQ(h[i == 0 ? 0 : 2 * i - 1], e[i]);
-    if (i > 0) EXPECT_EQ(h[2 * i], e[i]);
+    if (i > 0) {
+      EXPECT_EQ(h[2 * i], e[i]);
+    }
     EXPECT_EQ(hs[i == 0 ? 0 : 2 * i - 1], es[i]);
   }
   EXPECT_EQ(hs.back(), 0.0);
