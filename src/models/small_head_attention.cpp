@@ -135,8 +135,9 @@ struct KeysAndValues {
 
 // ---------------------------------------------------------------------------------------------------------------
 // The kernels, once per vector width (small_head_attention_rows.inl). Each width's namespace defines its vector
-// operations and includes the kernels under a `#pragma GCC target` for its instruction set, so that the same source
-// compiles to AVX2 code in one namespace and to AVX-512 code in the other; the CPU decides which runs.
+// operations and includes the kernels under a target pragma for its instruction set (GCC's `target`, clang's
+// `attribute push`: the fuzz build uses clang), so that the same source compiles to AVX2 code in one namespace and
+// to AVX-512 code in the other; the CPU decides which runs.
 //
 // exp(x) in both: Cephes' expf (x = n·ln2 + r with |r| ≤ ln2/2, 2^n from the exponent bits, e^r from a degree-7
 // polynomial), within 2 ulp of std::exp. Below -87.3, where float32's exp leaves the normal range, and for -inf it
@@ -147,8 +148,12 @@ constexpr float kExpPolynomial[] = {1.9875691500e-4f, 1.3981999507e-3f, 8.333451
                                     4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
 
 namespace avx2 {
+#ifdef __clang__
+#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
+#endif
 
 using Vec = __m256;
 constexpr int64_t kLanes = 8;
@@ -203,10 +208,17 @@ SD_INLINE Vec minus_infinity_past(Vec x, int64_t first, int64_t keys) {
 
 #include "models/small_head_attention_rows.inl"
 
+#ifdef __clang__
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 }  // namespace avx2
 
 namespace avx512 {
+#ifdef __clang__
+#pragma clang attribute push(__attribute__((target("avx512f,avx2,fma"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx2,fma")
 // GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which it then reports as used uninitialized (GCC bug
@@ -214,6 +226,7 @@ namespace avx512 {
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 using Vec = __m512;
 constexpr int64_t kLanes = 16;
@@ -267,8 +280,12 @@ SD_INLINE Vec minus_infinity_past(Vec x, int64_t first, int64_t keys) {
 
 #include "models/small_head_attention_rows.inl"
 
+#ifdef __clang__
+#pragma clang attribute pop
+#else
 #pragma GCC diagnostic pop
 #pragma GCC pop_options
+#endif
 }  // namespace avx512
 
 // Calls fn(std::integral_constant<int, D>) for D = d, one of 1 ... kMaxHeadChannels: the row loops unroll over the
