@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <optional>
@@ -107,5 +108,21 @@ std::string error_of(const std::function<void()>& f);
 
 // How sdtrain reports bad input: a non-zero exit and exactly one line, "sdtrain: error: ...", containing `fragment`.
 ::testing::AssertionResult is_one_line_error(const CommandResult& result, const std::string& fragment);
+
+// Sets (or, given nullopt, unsets) an environment variable while alive, then restores it.
+class ScopedEnv {
+ public:
+  ScopedEnv(std::string name, const std::optional<std::string>& value) : name_(std::move(name)) {
+    if (const char* old = std::getenv(name_.c_str())) before_ = old;
+    value ? setenv(name_.c_str(), value->c_str(), 1) : unsetenv(name_.c_str());
+  }
+  ~ScopedEnv() { before_ ? setenv(name_.c_str(), before_->c_str(), 1) : unsetenv(name_.c_str()); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::string name_;
+  std::optional<std::string> before_;
+};
 
 }  // namespace sd::test

@@ -17,24 +17,11 @@ namespace {
 
 namespace fs = std::filesystem;
 using sd::test::fixtures;
+using sd::test::ScopedEnv;
 using sd::test::TempDir;
 
 const std::string kCommit = "39593d5650112b4cc580433f6b0435385882d819";
 const std::string kOtherCommit = "1111111111111111111111111111111111111111";
-
-// Sets an environment variable for the test's lifetime.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() { old_.empty() ? unsetenv(name_) : setenv(name_, old_.c_str(), 1); }
-
- private:
-  const char* name_;
-  std::string old_;
-};
 
 // A request as the flags give it (aggregate initialisation would leave the later members to -Wextra's warning).
 ModelRequest request(std::string name_or_path, std::string revision = "", std::string variant = "",

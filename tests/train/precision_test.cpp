@@ -12,16 +12,7 @@
 namespace sd::train {
 namespace {
 
-// Sets (or, given null, unsets) an environment variable while alive, then restores it.
-struct ScopedEnv {
-  std::string name;
-  std::optional<std::string> before;
-  ScopedEnv(std::string n, const char* value) : name(std::move(n)) {
-    if (const char* old = std::getenv(name.c_str())) before = old;
-    value ? setenv(name.c_str(), value, 1) : unsetenv(name.c_str());
-  }
-  ~ScopedEnv() { before ? setenv(name.c_str(), before->c_str(), 1) : unsetenv(name.c_str()); }
-};
+using test::ScopedEnv;
 
 TEST(PrecisionPolicy, NoIsFloat32Everywhere) {
   const PrecisionPolicy p = PrecisionPolicy::from_flag("no");
@@ -33,7 +24,7 @@ TEST(PrecisionPolicy, NoIsFloat32Everywhere) {
 
 // bf16 (and fp16, taken as bf16) computes in bf16 only where that is faster than float32; master weights stay float32.
 TEST(PrecisionPolicy, Bf16ComputesInBf16OnlyWhereItIsFast) {
-  const ScopedEnv unforced("SDTRAIN_FORCE_BF16", nullptr);
+  const ScopedEnv unforced("SDTRAIN_FORCE_BF16", std::nullopt);
   const at::ScalarType expected = cpu_has_fast_bf16() ? at::kBFloat16 : at::kFloat;
   for (const char* flag : {"bf16", "fp16"}) {
     const PrecisionPolicy p = PrecisionPolicy::from_flag(flag);
