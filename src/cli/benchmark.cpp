@@ -223,6 +223,25 @@ json top_ops(const perf::OpProfile& profile, size_t n) {
   return top;
 }
 
+// The `n` most frequent ops, with their calls per step.
+json top_ops_by_calls(const perf::OpProfile& profile, size_t n, size_t steps) {
+  std::vector<std::pair<int64_t, std::string>> ops;
+  for (const auto& [name, calls] : profile.calls_by_op) ops.emplace_back(calls, name);
+  std::sort(ops.rbegin(), ops.rend());
+  json top = json::array();
+  for (size_t i = 0; i < std::min(n, ops.size()); ++i)
+    top.push_back({ops[i].second, static_cast<double>(ops[i].first) / static_cast<double>(steps)});
+  return top;
+}
+
+// Every op, autograd node and sdtrain scope the profiler saw, per step: what a small model's step costs is mostly
+// the few microseconds each of them takes to dispatch.
+double ops_per_step(const perf::OpProfile& profile, size_t steps) {
+  int64_t calls = 0;
+  for (const auto& [name, n] : profile.calls_by_op) calls += n;
+  return static_cast<double>(calls) / static_cast<double>(steps);
+}
+
 // Achieved GFLOP/s of each op class that does matrix products, from the profiler's counts and times.
 json op_rates(const perf::OpProfile& profile) {
   json rates = json::object();
@@ -268,9 +287,10 @@ int run_benchmark(BenchmarkOptions o) {
   // Peaks with the threads the run used (the training run sized the pool for this rank).
   const double bf16_peak = perf::gemm_gflops(at::kBFloat16), fp32_peak = perf::gemm_gflops(at::kFloat);
   const double seconds = median(m.step_seconds);
+  const size_t steps = m.step_seconds.size();
   // A training step takes a batch per micro-batch and rank; a generation takes all its denoising steps for one batch.
   const double images_per_s = static_cast<double>(o.train_batch_size * micro_batches(o) * m.world) /
-                              (o.task == "generate" ? seconds * static_cast<double>(m.step_seconds.size()) : seconds);
+                              (o.task == "generate" ? seconds * static_cast<double>(steps) : seconds);
   const double gflops = static_cast<double>(m.flops_per_step) / seconds / 1e9;
   const train::PrecisionPolicy precision = train::PrecisionPolicy::from_flag(o.mixed_precision);
   const double compute_peak = precision.compute == at::kBFloat16 ? bf16_peak : fp32_peak;
@@ -301,9 +321,11 @@ int run_benchmark(BenchmarkOptions o) {
                {"op_seconds", m.profile.seconds},
                {"op_gflops_per_s", op_rates(m.profile)},
                {"top_ops_seconds", top_ops(m.profile, 15)},
+               {"ops_per_step", m.profile.calls_by_op.empty() ? json() : json(ops_per_step(m.profile, steps))},
+               {"top_ops_calls_per_step", top_ops_by_calls(m.profile, 15, steps)},
                {"network_bytes_per_step",
-                {{"sent", static_cast<double>(m.network.sent) / static_cast<double>(m.step_seconds.size())},
-                 {"received", static_cast<double>(m.network.received) / static_cast<double>(m.step_seconds.size())}}}};
+                {{"sent", static_cast<double>(m.network.sent) / static_cast<double>(steps)},
+                 {"received", static_cast<double>(m.network.received) / static_cast<double>(steps)}}}};
   std::printf("%s\n", line.dump().c_str());
   std::fflush(stdout);
   log::info(
@@ -323,7 +345,7 @@ int run_benchmark(BenchmarkOptions o) {
       split += fmt::format("{}{} {:.0f}%", split.empty() ? "" : ", ", name, 100 * s / measured);
       if (rates.contains(name)) split += fmt::format(" ({:.0f} GFLOP/s)", rates[name].get<double>());
     }
-    log::info("time by op class: {}", split);
+    log::info("time by op class: {}; {:.0f} ops per step", split, ops_per_step(m.profile, steps));
   }
   return 0;
 }

@@ -33,6 +33,7 @@ struct State {
   std::map<OpClass, double> seconds;
   std::map<OpClass, int64_t> flops;
   std::map<std::string, double> self_seconds_by_op;
+  std::map<std::string, int64_t> calls_by_op;
   mutable std::mutex mutex;  // profile() may read from another thread
 };
 
@@ -118,6 +119,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   const double total = std::chrono::duration<double>(Clock::now() - f.start).count();
   state->seconds[f.op_class] += total - f.children_s;
   state->self_seconds_by_op[f.name] += total - f.children_s;
+  ++state->calls_by_op[f.name];
   if (!state->stack.empty()) state->stack.back().children_s += total;
 }
 
@@ -176,6 +178,7 @@ OpProfile OpProfiler::profile() const {
   OpProfile p;
   for (const auto& [c, s] : state->seconds) p.seconds[op_class_name(c)] = s;
   p.self_seconds_by_op = state->self_seconds_by_op;
+  p.calls_by_op = state->calls_by_op;
   for (const auto& [c, f] : state->flops) {
     if (f > 0) p.flops[op_class_name(c)] = f;
     p.matmul_flops += f;

@@ -32,6 +32,7 @@ struct OpProfile {
   int64_t matmul_flops = 0;                          // 2 x multiply-adds of convolutions and (batched) matrix products
   std::map<std::string, int64_t> flops;              // matmul_flops by op class name
   std::map<std::string, double> self_seconds_by_op;  // each op's own time (its children's excluded), by op name
+  std::map<std::string, int64_t> calls_by_op;        // how often each op ran: a small model's cost is its op count
 };
 
 // Records while alive (one at a time); profile() reads what was recorded so far.

@@ -77,6 +77,11 @@ TEST(BenchmarkE2E, UNetTrainingReportsStepsFlopsMfuMemoryAndOpClasses) {
   EXPECT_GT(j["gemm_peak_gflops"]["float32"].get<double>(), 0);
   for (const char* op : {"conv", "linear", "attention", "norm", "optimizer"})
     EXPECT_GT(j["op_seconds"][op].get<double>(), 0) << op;
+  // Thousands of ops per step even for the tiny UNet, most frequent first.
+  EXPECT_GT(j["ops_per_step"].get<double>(), 1000) << j.dump();
+  const auto& frequent = j["top_ops_calls_per_step"];
+  ASSERT_EQ(frequent.size(), 15u) << j.dump();
+  EXPECT_GE(frequent[0][1].get<double>(), frequent[14][1].get<double>()) << j.dump();
 }
 
 // The line names the CPU (numbers from different kinds do not compare), and --mixed_precision bf16 computes in bf16
@@ -127,6 +132,7 @@ TEST(BenchmarkE2E, ShardedTrainingOnTwoRanksPrintsALinePerRank) {
     EXPECT_EQ(j["world_size"], 2);
     EXPECT_EQ(j["sharding"], "shard_grad_op");
     EXPECT_TRUE(j["op_seconds"].empty());
+    EXPECT_TRUE(j["ops_per_step"].is_null());
   }
 }
 

@@ -63,10 +63,14 @@ TEST(OpProfiler, ClassifiesOpsAndScopes) {
     for (int i = 0; i < 20; ++i) a.mul_(1.0001);
   }
   for (int i = 0; i < 20; ++i) at::mm(a, a);
-  const auto seconds = profiler.profile().seconds;
+  const perf::OpProfile profile = profiler.profile();
+  const auto& seconds = profile.seconds;
   EXPECT_GT(seconds.at("optimizer"), 0.0);
   EXPECT_GT(seconds.at("linear"), 0.0);
   EXPECT_EQ(seconds.count("elementwise"), 0u) << "the muls ran inside the optimizer scope, the allocations in mm";
+  EXPECT_EQ(profile.calls_by_op.at("aten::mm"), 20);
+  EXPECT_EQ(profile.calls_by_op.at("aten::mul_"), 20);
+  EXPECT_EQ(profile.calls_by_op.at("sdtrain::optimizer"), 1);
 }
 
 }  // namespace
