@@ -55,17 +55,45 @@ __attribute__((target("avx2,fma"))) void store8_rounded(c10::BFloat16* out, __m2
   _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm256_castsi256_si128(packed));
 }
 
+// One range's pointers into what the pass writes besides p, m and v; null where the step does not write it.
+struct RangeFollowers {
+  c10::BFloat16* rounded;
+  float* shadow;
+  float one_minus_decay;
+};
+
+// The EMA's shadow -= (shadow - p) * (1 - decay) with a rounding after the product, as torch computes it: the empty
+// asm keeps GCC (whose GNU mode contracts a*b - c where FMA is enabled) from fusing the product into the subtraction.
+__attribute__((target("avx2,fma"))) inline __m256 moved_towards(__m256 shadow, __m256 p, __m256 one_minus_decay) {
+  __m256 step = _mm256_mul_ps(_mm256_sub_ps(shadow, p), one_minus_decay);
+  asm("" : "+x"(step));
+  return _mm256_sub_ps(shadow, step);
+}
+__attribute__((target("avx2,fma"))) inline float moved_towards(float shadow, float p, float one_minus_decay) {
+  float step = (shadow - p) * one_minus_decay;
+  asm("" : "+x"(step));
+  return shadow - step;
+}
+
+template <typename Grad>
+void update_one_and_followers(float& p, Grad g, float& m, float& v, const AdamWCoefficients& c, const RangeFollowers& f,
+                              int64_t i) {
+  const float p_new = update_one(p, g, m, v, c);
+  if (f.rounded) f.rounded[i] = c10::BFloat16(p_new);
+  if (f.shadow) f.shadow[i] = moved_towards(f.shadow[i], p_new, f.one_minus_decay);
+}
+
 // Eight elements at a time with AVX2 (and its fused multiply-adds, as LibTorch's vector kernels use them); the
-// scalar form for the tail and for CPUs without AVX2. `rounded`, if not null, receives each new parameter in bf16.
+// scalar form for the tail and for CPUs without AVX2.
 template <typename Grad>
 __attribute__((target("avx2,fma"))) void update_range_avx2(float* p, const Grad* g, float* m, float* v,
-                                                           c10::BFloat16* rounded, int64_t begin, int64_t end,
+                                                           const RangeFollowers& f, int64_t begin, int64_t end,
                                                            const AdamWCoefficients& c) {
   const __m256 grad_scale = _mm256_set1_ps(c.grad_scale), decay = _mm256_set1_ps(c.decay),
                beta1 = _mm256_set1_ps(c.beta1), one_minus_beta1 = _mm256_set1_ps(c.one_minus_beta1),
                beta2 = _mm256_set1_ps(c.beta2), one_minus_beta2 = _mm256_set1_ps(c.one_minus_beta2),
                sqrt_bias_correction2 = _mm256_set1_ps(c.sqrt_bias_correction2), eps = _mm256_set1_ps(c.eps),
-               neg_step_size = _mm256_set1_ps(c.neg_step_size);
+               neg_step_size = _mm256_set1_ps(c.neg_step_size), ema_rate = _mm256_set1_ps(f.one_minus_decay);
   int64_t i = begin;
   for (; i + 8 <= end; i += 8) {
     const __m256 grad = _mm256_mul_ps(load8(g + i), grad_scale);
@@ -78,42 +106,41 @@ __attribute__((target("avx2,fma"))) void update_range_avx2(float* p, const Grad*
     _mm256_storeu_ps(m + i, m_new);
     _mm256_storeu_ps(v + i, v_new);
     _mm256_storeu_ps(p + i, p_new);
-    if (rounded) store8_rounded(rounded + i, p_new);
+    if (f.rounded) store8_rounded(f.rounded + i, p_new);
+    if (f.shadow) _mm256_storeu_ps(f.shadow + i, moved_towards(_mm256_loadu_ps(f.shadow + i), p_new, ema_rate));
   }
-  for (; i < end; ++i) {
-    const float p_new = update_one(p[i], g[i], m[i], v[i], c);
-    if (rounded) rounded[i] = c10::BFloat16(p_new);
-  }
+  for (; i < end; ++i) update_one_and_followers(p[i], g[i], m[i], v[i], c, f, i);
 }
 
 template <typename Grad>
-void update_range(float* p, const Grad* g, float* m, float* v, c10::BFloat16* rounded, int64_t begin, int64_t end,
+void update_range(float* p, const Grad* g, float* m, float* v, const RangeFollowers& f, int64_t begin, int64_t end,
                   const AdamWCoefficients& c) {
   static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  if (avx2) return update_range_avx2(p, g, m, v, rounded, begin, end, c);
-  for (int64_t i = begin; i < end; ++i) {
-    const float p_new = update_one(p[i], g[i], m[i], v[i], c);
-    if (rounded) rounded[i] = c10::BFloat16(p_new);
-  }
+  if (avx2) return update_range_avx2(p, g, m, v, f, begin, end, c);
+  for (int64_t i = begin; i < end; ++i) update_one_and_followers(p[i], g[i], m[i], v[i], c, f, i);
 }
 
 }  // namespace
 
 void AdamW::step(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads, double lr,
-                 double grad_scale, const std::vector<at::Tensor>& rounded_copies) {
+                 double grad_scale, const AdamWFollowers& followers) {
   std::vector<FlatPieces> whole;
   for (const at::Tensor& g : grads) whole.push_back({{0, g.reshape({-1})}});
-  step(params, whole, lr, grad_scale, rounded_copies);
+  step(params, whole, lr, grad_scale, followers);
 }
 
 namespace {
 
 // Everything step() relies on, checked before any parameter changes.
 void check_step_arguments(const std::vector<at::Tensor>& params, const std::vector<FlatPieces>& grads,
-                          const std::vector<at::Tensor>& rounded_copies) {
+                          const AdamWFollowers& followers) {
+  const auto& rounded_copies = followers.rounded_copies;
+  const auto& shadows = followers.ema_shadows;
   SD_CHECK(params.size() == grads.size(), "AdamW: {} parameters but {} gradients", params.size(), grads.size());
   SD_CHECK(rounded_copies.empty() || rounded_copies.size() == params.size(), "AdamW: {} parameters but {} copies",
            params.size(), rounded_copies.size());
+  SD_CHECK(shadows.empty() || shadows.size() == params.size(), "AdamW: {} parameters but {} EMA shadows", params.size(),
+           shadows.size());
   for (size_t i = 0; i < params.size(); ++i) {
     const at::Tensor& p = params[i];
     SD_CHECK(p.scalar_type() == at::kFloat && p.is_contiguous(),
@@ -134,14 +161,20 @@ void check_step_arguments(const std::vector<at::Tensor>& params, const std::vect
       SD_CHECK(r.scalar_type() == at::kBFloat16 && r.is_contiguous() && r.numel() == p.numel(),
                "AdamW: the rounded copy of parameter {} must be a contiguous bf16 tensor of {} elements", i, p.numel());
     }
+    if (!shadows.empty()) {
+      const at::Tensor& s = shadows[i];
+      SD_CHECK(s.scalar_type() == at::kFloat && s.is_contiguous() && s.numel() == p.numel(),
+               "AdamW: the EMA shadow of parameter {} must be a contiguous float32 tensor of {} elements", i,
+               p.numel());
+    }
   }
 }
 
 }  // namespace
 
 void AdamW::step(const std::vector<at::Tensor>& params, const std::vector<FlatPieces>& grads, double lr,
-                 double grad_scale, const std::vector<at::Tensor>& rounded_copies) {
-  check_step_arguments(params, grads, rounded_copies);
+                 double grad_scale, const AdamWFollowers& followers) {
+  check_step_arguments(params, grads, followers);
   at::NoGradGuard no_grad;
   if (exp_avg_.empty()) {
     for (const auto& p : params) {
@@ -163,7 +196,7 @@ void AdamW::step(const std::vector<at::Tensor>& params, const std::vector<FlatPi
                             static_cast<float>(std::sqrt(bias_correction2)),
                             static_cast<float>(options_.eps),
                             static_cast<float>(-lr / bias_correction1)};
-  // One pass over each tensor reading g, p, m, v and writing p, m, v (and the bf16 copy): the optimizer is
+  // One pass over each tensor reading g, p, m, v and writing p, m, v (and the followers): the optimizer is
   // memory-bound, and LibTorch's op-by-op form reads and writes the same arrays about ten times (docs/benchmarks.md).
   for (size_t i = 0; i < params.size(); ++i) {
     for (const FlatPiece& piece : grads[i]) {
@@ -171,13 +204,16 @@ void AdamW::step(const std::vector<at::Tensor>& params, const std::vector<FlatPi
       float* p = params[i].data_ptr<float>() + piece.offset;
       float* m = exp_avg_[i].data_ptr<float>() + piece.offset;
       float* v = exp_avg_sq_[i].data_ptr<float>() + piece.offset;
-      c10::BFloat16* rounded =
-          rounded_copies.empty() ? nullptr : rounded_copies[i].data_ptr<c10::BFloat16>() + piece.offset;
+      const RangeFollowers f{
+          followers.rounded_copies.empty() ? nullptr
+                                           : followers.rounded_copies[i].data_ptr<c10::BFloat16>() + piece.offset,
+          followers.ema_shadows.empty() ? nullptr : followers.ema_shadows[i].data_ptr<float>() + piece.offset,
+          followers.ema_one_minus_decay};
       sd::parallel_for(0, g.numel(), 1 << 16, [&](int64_t begin, int64_t end) {
         if (g.scalar_type() == at::kBFloat16)
-          update_range(p, g.data_ptr<c10::BFloat16>(), m, v, rounded, begin, end, c);
+          update_range(p, g.data_ptr<c10::BFloat16>(), m, v, f, begin, end, c);
         else
-          update_range(p, g.data_ptr<float>(), m, v, rounded, begin, end, c);
+          update_range(p, g.data_ptr<float>(), m, v, f, begin, end, c);
       });
     }
   }

@@ -20,20 +20,30 @@ struct AdamWOptions {
   void validate() const;
 };
 
+// What AdamW's pass writes besides the parameters and moments, each optional (empty: not written).
+struct AdamWFollowers {
+  // bf16, per parameter: the new parameter rounded as .copy_() rounds, so a bf16 model's weights are refreshed
+  // without reading the float32 masters again.
+  std::vector<at::Tensor> rounded_copies;
+  // float32, per parameter: diffusers' EMAModel.step, shadow -= (shadow - new parameter) * ema_one_minus_decay, in
+  // torch's two roundings. A pass of its own would read every parameter again (4 of its 12 bytes per parameter).
+  std::vector<at::Tensor> ema_shadows;
+  float ema_one_minus_decay = 0;
+};
+
 class AdamW {
  public:
   explicit AdamW(AdamWOptions options);
 
   // One update of every params[i] by grad_scale * grads[i] (same numel; float32, or bf16 read exactly) at learning
   // rate `lr`. The moments are created (zeros, shaped like the parameters) on the first step. The scale lets a
-  // caller fold averaging and clipping into this one pass instead of rewriting the gradients first. If given,
-  // rounded_copies[i] (bf16) receives the new params[i] rounded as .copy_() rounds, in the same pass: a bf16
-  // model's weights are refreshed without reading the float32 masters again.
+  // caller fold averaging and clipping into this one pass instead of rewriting the gradients first; `followers`
+  // are further writes of the same pass, from each new parameter while it is still in a register.
   void step(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads, double lr,
-            double grad_scale = 1.0, const std::vector<at::Tensor>& rounded_copies = {});
+            double grad_scale = 1.0, const AdamWFollowers& followers = {});
   // The same with each gradient in pieces that together cover its parameter's elements.
   void step(const std::vector<at::Tensor>& params, const std::vector<FlatPieces>& grads, double lr,
-            double grad_scale = 1.0, const std::vector<at::Tensor>& rounded_copies = {});
+            double grad_scale = 1.0, const AdamWFollowers& followers = {});
 
   // Optimizer steps taken (torch's per-parameter `step`; here every parameter is updated at every step).
   int64_t steps() const { return steps_; }

@@ -1,12 +1,9 @@
 #include "train/ema.h"
 
-#include <ATen/core/grad_mode.h>
-
 #include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
-#include "core/parallel.h"
 
 namespace sd::train {
 
@@ -31,22 +28,10 @@ Ema::Ema(EmaOptions options, const std::vector<at::Tensor>& params) : options_(o
   for (const auto& p : params) shadow_.push_back(p.detach().clone());
 }
 
-void Ema::update(const std::vector<at::Tensor>& params) {
-  at::NoGradGuard no_grad;
+float Ema::advance() {
   optimization_step_ += 1;
   last_decay_ = ema_decay(options_, optimization_step_);
-  const auto one_minus_decay = static_cast<float>(1 - last_decay_);
-  // shadow -= (shadow - param) * (1 - decay), in float32 as diffusers computes it, in one pass per tensor.
-  for (size_t i = 0; i < shadow_.size(); ++i) {
-    SD_CHECK(shadow_[i].scalar_type() == at::kFloat && shadow_[i].is_contiguous() && params[i].is_contiguous() &&
-                 params[i].scalar_type() == at::kFloat,
-             "EMA updates contiguous float32 tensors");
-    float* s = shadow_[i].data_ptr<float>();
-    const float* p = params[i].data_ptr<float>();
-    sd::parallel_for(0, shadow_[i].numel(), 1 << 16, [&](int64_t begin, int64_t end) {
-      for (int64_t k = begin; k < end; ++k) s[k] -= (s[k] - p[k]) * one_minus_decay;
-    });
-  }
+  return static_cast<float>(1 - last_decay_);
 }
 
 void Ema::set_optimization_step(int64_t step) {

@@ -1,7 +1,8 @@
 // Exponential moving average of the trained weights with diffusers' EMAModel semantics (training_utils.py, 0.24):
 // the decay schedule of get_decay (0 at the first update, then (1 + n) / (10 + n) or the warm-up form
 // 1 - (1 + n / inv_gamma)^-power, capped at `decay`, floored at `min_decay`) and the update
-// shadow -= (1 - decay) * (shadow - param). Only trained weights have a shadow.
+// shadow -= (1 - decay) * (shadow - param), which AdamW's pass applies (train/adamw.h: AdamWFollowers) so the new
+// parameters are not read a second time. Only trained weights have a shadow.
 #pragma once
 #include <ATen/ATen.h>
 
@@ -28,8 +29,9 @@ class Ema {
   // The shadow starts as a copy of `params`.
   Ema(EmaOptions options, const std::vector<at::Tensor>& params);
 
-  // One EMAModel.step: counts the update, then moves every shadow towards its parameter.
-  void update(const std::vector<at::Tensor>& params);
+  // One EMAModel.step: counts the update and returns its 1 - decay, for the caller to move every shadow towards its
+  // parameter by.
+  float advance();
 
   int64_t optimization_step() const { return optimization_step_; }
   double last_decay() const { return last_decay_; }

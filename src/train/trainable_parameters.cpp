@@ -150,10 +150,15 @@ void TrainableParameters::step(double lr) {
   SD_CHECK(grads_.size() == master_.size(), "optimizer step without reduced gradients");
   {
     SD_PERF_SCOPE("sdtrain::optimizer");
-    // In bf16, AdamW's pass also writes this rank's compute weights; in float32 they are the masters themselves.
-    const bool bf16 = options_.precision.compute == at::kBFloat16;
-    adam_.step(master_, grads_, lr, grad_multiplier_, bf16 ? owned_compute_weights() : std::vector<at::Tensor>{});
-    if (ema_) ema_->update(master_);
+    // AdamW's pass also writes this rank's compute weights in bf16 (in float32 they are the masters themselves) and
+    // moves the EMA.
+    AdamWFollowers followers;
+    if (options_.precision.compute == at::kBFloat16) followers.rounded_copies = owned_compute_weights();
+    if (ema_) {
+      followers.ema_shadows = ema_->shadow();
+      followers.ema_one_minus_decay = ema_->advance();
+    }
+    adam_.step(master_, grads_, lr, grad_multiplier_, followers);
   }
   all_gather_compute_weights();
   grads_.clear();

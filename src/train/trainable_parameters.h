@@ -71,7 +71,7 @@ class TrainableParameters {
   // After the last micro-batch: gradients become the mean over `micro_batches` x ranks; returns their global L2
   // norm before clipping (as torch.nn.utils.clip_grad_norm_), having clipped them to `max_norm` if given.
   double reduce_gradients(int64_t micro_batches, std::optional<double> max_norm);
-  // AdamW at `lr`, then the EMA, then fresh compute weights on every rank.
+  // AdamW at `lr`, the EMA moved in the same pass, then fresh compute weights on every rank.
   void step(double lr);
   // Drops the reduced gradients without updating anything (a step whose gradient is not finite).
   void discard_gradients() { grads_.clear(); }

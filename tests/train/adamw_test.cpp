@@ -8,6 +8,17 @@
 namespace sd::train {
 namespace {
 
+// The pass also writes `copy` (bf16) and, if given, moves `shadow` (float32) by an EMA rate of 0.25.
+AdamWFollowers rounded_into(const at::Tensor& copy, const at::Tensor& shadow = {}) {
+  AdamWFollowers followers;
+  followers.rounded_copies = {copy};
+  if (shadow.defined()) {
+    followers.ema_shadows = {shadow};
+    followers.ema_one_minus_decay = 0.25f;
+  }
+  return followers;
+}
+
 // The fused pass rounds like LibTorch's op-by-op AdamW except where LibTorch's vector kernels fuse a multiply-add
 // (one rounding instead of two): within a few float32 ulps after several steps.
 TEST(AdamW, MatchesLibTorchsAdamWToTheLastBits) {
@@ -51,7 +62,7 @@ TEST(AdamW, Bf16GradientsAndTheRoundedCopyMatchTheFloat32Path) {
     for (int i = 0; i < 3; ++i) {
       const at::Tensor g = at::randn({n}).to(at::kBFloat16);
       via_float.step({a}, {g.to(at::kFloat)}, 1e-2, 0.5);
-      via_bf16.step({b}, {g}, 1e-2, 0.5, {copy});
+      via_bf16.step({b}, {g}, 1e-2, 0.5, rounded_into(copy));
       ASSERT_TRUE(at::equal(a, b)) << n << " step " << i;
       ASSERT_TRUE(at::equal(copy, a.to(at::kBFloat16))) << n << " step " << i;
     }
@@ -60,32 +71,67 @@ TEST(AdamW, Bf16GradientsAndTheRoundedCopyMatchTheFloat32Path) {
   }
 }
 
+// The EMA moved in AdamW's pass is torch's shadow.sub_((1 - decay) * (shadow - param)) on the new parameters, to
+// the bit (two roundings, no fused multiply-add), in the eight-wide loop and its scalar tail, float32 and bf16
+// gradients alike.
+TEST(AdamW, TheEmaInThePassIsTorchsUpdateOfTheNewParameters) {
+  at::manual_seed(3);
+  for (const auto dtype : {at::kFloat, at::kBFloat16})
+    for (const int64_t n : {int64_t{13}, int64_t{2 << 16} + 5}) {
+      at::Tensor p = at::randn({n}), shadow = p.clone();
+      AdamW adam({});
+      for (int i = 0; i < 3; ++i) {
+        const float one_minus_decay = i == 0 ? 1.0f : 0.1f / static_cast<float>(i + 1);
+        const at::Tensor expected_from = shadow.clone();
+        AdamWFollowers followers;
+        followers.ema_shadows = {shadow};
+        followers.ema_one_minus_decay = one_minus_decay;
+        adam.step({p}, {at::randn({n}).to(dtype)}, 1e-2, 1.0, followers);
+        const at::Tensor expected = expected_from.sub((expected_from - p) * one_minus_decay);
+        ASSERT_TRUE(at::equal(shadow, expected)) << dtype << " " << n << " step " << i;
+      }
+    }
+}
+
+TEST(AdamW, RefusesAnEmaShadowThatIsNotFloat32OfTheParametersSize) {
+  AdamW adam({});
+  const at::Tensor p = at::zeros({4}), g = at::ones({4});
+  for (const at::Tensor& bad : {at::zeros({4}, at::kBFloat16), at::zeros({5}), at::zeros({8}).slice(0, 0, 8, 2)}) {
+    AdamWFollowers followers;
+    followers.ema_shadows = {bad};
+    EXPECT_THROW(adam.step({p}, {g}, 1e-3, 1.0, followers), Error);
+  }
+  EXPECT_EQ(adam.steps(), 0);
+}
+
 TEST(AdamW, RefusesACopyThatIsNotBf16OfTheParametersSize) {
   AdamW adam({});
   const at::Tensor p = at::zeros({4}), g = at::ones({4});
-  EXPECT_THROW(adam.step({p}, {g}, 1e-3, 1.0, {at::zeros({4})}), Error);
-  EXPECT_THROW(adam.step({p}, {g}, 1e-3, 1.0, {at::zeros({3}, at::kBFloat16)}), Error);
+  EXPECT_THROW(adam.step({p}, {g}, 1e-3, 1.0, rounded_into(at::zeros({4}))), Error);
+  EXPECT_THROW(adam.step({p}, {g}, 1e-3, 1.0, rounded_into(at::zeros({3}, at::kBFloat16))), Error);
   EXPECT_THROW(adam.step({p}, {g.to(at::kDouble)}, 1e-3), Error);
 }
 
 // A gradient in pieces (a lone rank's per-parameter gradients over a bucket, mixed dtypes) updates each element as
-// the whole gradient would, bf16 copy included.
+// the whole gradient would, bf16 copy and EMA included.
 TEST(AdamW, AGradientInPiecesIsTheWholeGradient) {
   at::manual_seed(2);
   const int64_t n = (int64_t{2} << 16) + 9;
   at::Tensor a = at::randn({n}), b = a.clone();
   at::Tensor copy_a = at::zeros({n}, at::kBFloat16), copy_b = copy_a.clone();
+  at::Tensor ema_a = a.clone(), ema_b = a.clone();
   AdamW whole({}), in_pieces({});
   for (int i = 0; i < 3; ++i) {
     const at::Tensor g = at::randn({n}).to(at::kBFloat16).to(at::kFloat);
-    whole.step({a}, {g}, 1e-2, 0.5, {copy_a});
+    whole.step({a}, {g}, 1e-2, 0.5, rounded_into(copy_a, ema_a));
     const FlatPieces pieces = {
         {0, g.narrow(0, 0, 7)},
         {7, g.narrow(0, 7, int64_t{1} << 16).to(at::kBFloat16)},
         {7 + (int64_t{1} << 16), g.narrow(0, 7 + (int64_t{1} << 16), n - 7 - (int64_t{1} << 16))}};
-    in_pieces.step({b}, std::vector<FlatPieces>{pieces}, 1e-2, 0.5, {copy_b});
+    in_pieces.step({b}, std::vector<FlatPieces>{pieces}, 1e-2, 0.5, rounded_into(copy_b, ema_b));
     ASSERT_TRUE(at::equal(a, b)) << "step " << i;
     ASSERT_TRUE(at::equal(copy_a, copy_b)) << "step " << i;
+    ASSERT_TRUE(at::equal(ema_a, ema_b)) << "step " << i;
   }
 }
 
