@@ -56,6 +56,7 @@ struct BenchmarkOptions {
   models::UNetMemoryOptions unet_memory;
   std::optional<int64_t> lora_rank;  // unet: train LoRA adapters of this rank instead of the whole UNet
   std::string data = "latents";
+  bool use_ema = false;  // unet: keep an EMA of the trained weights
   int num_inference_steps = 10;
   bool profile = true;
   std::optional<int> threads;
@@ -133,6 +134,7 @@ train::TrainerOptions trainer_options(const BenchmarkOptions& o, StepMeter& mete
   t.dist_timeout_s = o.dist_timeout_s;
   t.dist_transport = o.dist_transport;
   t.lr_warmup_steps = 0;
+  t.use_ema = o.use_ema;
   t.measure_only = true;
   t.before_each_step = [&meter](int64_t step) { meter.before(step); };
   t.after_each_step = [&meter](const train::StepReport& r, double seconds) { meter.after(r.step, seconds); };
@@ -261,6 +263,8 @@ double median(std::vector<double> v) {
 int run_benchmark(BenchmarkOptions o) {
   SD_CHECK(o.steps >= 1 && o.warmup >= 0, "--steps must be >= 1 and --warmup >= 0");
   SD_CHECK(o.resolution > 0 && o.resolution % 8 == 0, "--resolution {} must be a positive multiple of 8", o.resolution);
+  SD_CHECK(!o.lora_rank || o.task == "unet", "--lora_rank is for --task unet, not {}", o.task);
+  SD_CHECK(!o.use_ema || o.task == "unet", "--use_ema is for --task unet, not {}", o.task);
   const bool preset = o.model.name_or_path.empty();
   const std::string model_name = preset ? o.preset : o.model.name_or_path;
   pipeline::ModelRequest model = o.model;
@@ -268,7 +272,6 @@ int run_benchmark(BenchmarkOptions o) {
   const pipeline::ModelSource source = pipeline::resolve_model(model);
   const fs::path work = fs::temp_directory_path() / fmt::format("sdtrain-benchmark-{}", getpid());
   Measurement m;
-  SD_CHECK(!o.lora_rank || o.task == "unet", "--lora_rank is for --task unet, not {}", o.task);
   if (o.task == "unet")
     measure_unet_training(o, model, m);
   else if (o.task == "textual-inversion")
@@ -297,6 +300,7 @@ int run_benchmark(BenchmarkOptions o) {
   const std::string cpu_model = perf::cpu_model_name();
   json line = {{"task", o.task},
                {"lora_rank", o.lora_rank ? json(*o.lora_rank) : json()},
+               {"use_ema", o.use_ema},
                {"model", model_name},
                {"resolution", o.resolution},
                {"train_batch_size", o.train_batch_size},
@@ -378,6 +382,8 @@ void add_benchmark(CLI::App& app, std::function<int()>& chosen) {
       ->check(in_range(1, 4096));
   flag(cmd, "--data", o->data, "unet: latents (the UNet alone) or images (VAE and text encoder too, on random images)")
       ->check(CLI::IsMember({"latents", "images"}));
+  switch_flag(cmd, "--use_ema", o->use_ema,
+              "unet: keep an EMA of the trained weights (diffusers' EMAModel), as long training runs do");
   flag(cmd, "--num_inference_steps", o->num_inference_steps, "generate: denoising steps")->check(in_range(1, 10000));
   cmd->add_flag("--profile,!--no_profile", o->profile, "Time by op class (LibTorch's RecordFunction hooks)")
       ->capture_default_str();

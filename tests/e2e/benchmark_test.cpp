@@ -50,10 +50,11 @@ bool kernel_offers_huge_pages() {
 }
 #endif
 
-// stdout carries only the JSON line, so that `sdtrain benchmark ... | jq` works; the rest goes to stderr.
+// stdout carries only the JSON line, so that `sdtrain benchmark ... | jq` works; the rest goes to stderr. With an
+// EMA, as long training runs keep one.
 TEST(BenchmarkE2E, UNetTrainingReportsStepsFlopsMfuMemoryAndOpClasses) {
   std::vector<std::string> stdout_only = {"/bin/sh", "-c", "exec \"$@\" 2>/dev/null", "sh"};
-  for (const std::string& arg : benchmark({"--task=unet", "--train_batch_size=2", "--mixed_precision=no"}))
+  for (const std::string& arg : benchmark({"--task=unet", "--train_batch_size=2", "--mixed_precision=no", "--use_ema"}))
     stdout_only.push_back(arg);
   auto r = sd::test::run_process(stdout_only, 300s);
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -63,6 +64,7 @@ TEST(BenchmarkE2E, UNetTrainingReportsStepsFlopsMfuMemoryAndOpClasses) {
   ASSERT_EQ(lines.size(), 1u) << r.output;
   const auto& j = lines[0];
   EXPECT_EQ(j["step_seconds"].size(), 2u);
+  EXPECT_EQ(j["use_ema"], true);
   EXPECT_GT(j["s_per_step"].get<double>(), 0);
   EXPECT_EQ(j["flops_per_step"].get<int64_t>(), 3 * tiny_forward_flops(2));
   EXPECT_GT(j["mfu"].get<double>(), 0);
@@ -168,6 +170,8 @@ TEST(BenchmarkE2E, BadInput) {
   EXPECT_TRUE(sd::test::is_one_line_error(r, "/nonexistent")) << r.output;
   auto res = sd::test::run_command(sd::test::sdtrain_binary() + " benchmark --resolution=30 --steps=1");
   EXPECT_TRUE(sd::test::is_one_line_error(res, "--resolution 30 must be a positive multiple of 8")) << res.output;
+  auto ema = sd::test::run_command(sd::test::sdtrain_binary() + " benchmark --task=textual-inversion --use_ema");
+  EXPECT_TRUE(sd::test::is_one_line_error(ema, "--use_ema is for --task unet, not textual-inversion")) << ema.output;
 }
 
 }  // namespace
