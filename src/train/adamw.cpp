@@ -69,7 +69,7 @@ __attribute__((target("avx2,fma"))) inline __m256 moved_towards(__m256 shadow, _
   asm("" : "+x"(step));
   return _mm256_sub_ps(shadow, step);
 }
-__attribute__((target("avx2,fma"))) inline float moved_towards(float shadow, float p, float one_minus_decay) {
+inline float moved_towards(float shadow, float p, float one_minus_decay) {
   float step = (shadow - p) * one_minus_decay;
   asm("" : "+x"(step));
   return shadow - step;
