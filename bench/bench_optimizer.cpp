@@ -13,9 +13,9 @@
 #include <nlohmann/json.hpp>
 
 #include "bench_util.h"
+#include "core/parallel.h"
 #include "core/threads.h"
 #include "train/adamw.h"
-#include "core/parallel.h"
 #include "train/gradient_norm.h"
 
 int main(int argc, char** argv) {
