@@ -253,6 +253,14 @@ json op_rates(const perf::OpProfile& profile) {
   return rates;
 }
 
+// What the run trains besides the task's defaults, for the summary line: " (LoRA rank 4, EMA)", or nothing.
+std::string training_extras(const BenchmarkOptions& o) {
+  std::string extras;
+  if (o.lora_rank) extras = fmt::format("LoRA rank {}", *o.lora_rank);
+  if (o.use_ema) extras += extras.empty() ? "EMA" : ", EMA";
+  return extras.empty() ? "" : " (" + extras + ")";
+}
+
 const char* dtype_name(at::ScalarType t) { return t == at::kBFloat16 ? "bf16" : "float32"; }
 
 double median(std::vector<double> v) {
@@ -333,12 +341,13 @@ int run_benchmark(BenchmarkOptions o) {
   std::printf("%s\n", line.dump().c_str());
   std::fflush(stdout);
   log::info(
-      "{} {} {}² batch {} {} ({} compute), {} rank(s) x {} thread(s): {:.3f} s/step, {:.2f} images/s, "
+      "{}{} {} {}² batch {} {} ({} compute), {} rank(s) x {} thread(s): {:.3f} s/step, {:.2f} images/s, "
       "{:.1f} GFLOP/s = {:.0f}% of the {} GEMM peak ({:.0f} GFLOP/s; bf16 {:.0f}, float32 {:.0f}), peak {:.2f} GiB; "
       "{} ({})",
-      o.task, model_name, o.resolution, o.train_batch_size, o.mixed_precision, dtype_name(precision.compute), m.world,
-      at::get_num_threads(), seconds, images_per_s, gflops, 100 * gflops / compute_peak, dtype_name(precision.compute),
-      compute_peak, bf16_peak, fp32_peak, static_cast<double>(m.peak_rss) / (1 << 30), cpu_model, perf::cpu_kind());
+      o.task, training_extras(o), model_name, o.resolution, o.train_batch_size, o.mixed_precision,
+      dtype_name(precision.compute), m.world, at::get_num_threads(), seconds, images_per_s, gflops,
+      100 * gflops / compute_peak, dtype_name(precision.compute), compute_peak, bf16_peak, fp32_peak,
+      static_cast<double>(m.peak_rss) / (1 << 30), cpu_model, perf::cpu_kind());
   if (m.decode_seconds) log::info("VAE decode and conversion to images: {:.3f} s", *m.decode_seconds);
   if (!m.profile.seconds.empty()) {
     double measured = 0;

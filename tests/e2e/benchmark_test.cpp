@@ -108,10 +108,16 @@ TEST(BenchmarkE2E, NamesTheCpuAndComputesBf16OnlyWhereItIsFast) {
 }
 
 // LoRA: the frozen UNet's forward and activation backward (2x the forward), only the adapters counted as trained.
+// The summary line names what the run trains besides the task's defaults.
 TEST(BenchmarkE2E, LoraTrainingReportsItsRankAndFlops) {
-  auto r = sd::test::run_process(benchmark({"--task=unet", "--lora_rank=4", "--mixed_precision=no"}), 300s);
+  auto r =
+      sd::test::run_process(benchmark({"--task=unet", "--lora_rank=4", "--mixed_precision=no", "--use_ema"}), 300s);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("LoRA rank 4 alpha 4 on 88 layers"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("sdtrain: unet (LoRA rank 4, EMA) " + (sd::test::fixtures() / "tiny-sd1").string() +
+                          " 64² batch 1 no (float32 compute)"),
+            std::string::npos)
+      << r.output;
   const auto lines = json_lines(r.output);
   ASSERT_EQ(lines.size(), 1u) << r.output;
   EXPECT_EQ(lines[0]["lora_rank"], 4);
