@@ -215,33 +215,27 @@ int64_t flops_per_step(const BenchmarkOptions& o, const pipeline::PipelineConfig
   return passes * models::count_forward_flops(configs.unet, o.train_batch_size, latent, latent);
 }
 
-// The `n` ops (LibTorch ops, autograd nodes, sdtrain scopes) with the most time of their own.
-json top_ops(const perf::OpProfile& profile, size_t n) {
+// The `n` ops (LibTorch ops, autograd nodes, sdtrain scopes) with the largest `value(totals) / divisor`, largest
+// first.
+json top_ops(const perf::OpProfile& profile, size_t n, double (*value)(const perf::OpTotals&), double divisor) {
   std::vector<std::pair<double, std::string>> ops;
-  for (const auto& [name, s] : profile.self_seconds_by_op) ops.emplace_back(s, name);
+  for (const auto& [name, totals] : profile.by_op) ops.emplace_back(value(totals) / divisor, name);
   std::sort(ops.rbegin(), ops.rend());
   json top = json::array();
   for (size_t i = 0; i < std::min(n, ops.size()); ++i) top.push_back({ops[i].second, ops[i].first});
   return top;
 }
 
-// The `n` most frequent ops, with their calls per step.
-json top_ops_by_calls(const perf::OpProfile& profile, size_t n, size_t steps) {
-  std::vector<std::pair<int64_t, std::string>> ops;
-  for (const auto& [name, calls] : profile.calls_by_op) ops.emplace_back(calls, name);
-  std::sort(ops.rbegin(), ops.rend());
-  json top = json::array();
-  for (size_t i = 0; i < std::min(n, ops.size()); ++i)
-    top.push_back({ops[i].second, static_cast<double>(ops[i].first) / static_cast<double>(steps)});
-  return top;
-}
+double self_seconds(const perf::OpTotals& t) { return t.self_seconds; }
+double calls(const perf::OpTotals& t) { return static_cast<double>(t.calls); }
 
-// Every op, autograd node and sdtrain scope the profiler saw, per step: what a small model's step costs is mostly
-// the few microseconds each of them takes to dispatch.
-double ops_per_step(const perf::OpProfile& profile, size_t steps) {
-  int64_t calls = 0;
-  for (const auto& [name, n] : profile.calls_by_op) calls += n;
-  return static_cast<double>(calls) / static_cast<double>(steps);
+// Every op, autograd node and sdtrain scope the profiler saw, per step (none without the profiler): what a small
+// model's step costs is mostly the few microseconds each of them takes to dispatch.
+std::optional<double> ops_per_step(const perf::OpProfile& profile, size_t steps) {
+  if (profile.by_op.empty()) return std::nullopt;
+  int64_t total = 0;
+  for (const auto& [name, totals] : profile.by_op) total += totals.calls;
+  return static_cast<double>(total) / static_cast<double>(steps);
 }
 
 // Achieved GFLOP/s of each op class that does matrix products, from the profiler's counts and times.
@@ -299,6 +293,7 @@ int run_benchmark(BenchmarkOptions o) {
   const double bf16_peak = perf::gemm_gflops(at::kBFloat16), fp32_peak = perf::gemm_gflops(at::kFloat);
   const double seconds = median(m.step_seconds);
   const size_t steps = m.step_seconds.size();
+  const std::optional<double> ops = ops_per_step(m.profile, steps);
   // A training step takes a batch per micro-batch and rank; a generation takes all its denoising steps for one batch.
   const double images_per_s = static_cast<double>(o.train_batch_size * micro_batches(o) * m.world) /
                               (o.task == "generate" ? seconds * static_cast<double>(steps) : seconds);
@@ -332,9 +327,9 @@ int run_benchmark(BenchmarkOptions o) {
                {"huge_pages_gib", static_cast<double>(m.huge_pages) / (1 << 30)},
                {"op_seconds", m.profile.seconds},
                {"op_gflops_per_s", op_rates(m.profile)},
-               {"top_ops_seconds", top_ops(m.profile, 15)},
-               {"ops_per_step", m.profile.calls_by_op.empty() ? json() : json(ops_per_step(m.profile, steps))},
-               {"top_ops_calls_per_step", top_ops_by_calls(m.profile, 15, steps)},
+               {"top_ops_seconds", top_ops(m.profile, 15, self_seconds, 1)},
+               {"ops_per_step", ops ? json(*ops) : json()},
+               {"top_ops_calls_per_step", top_ops(m.profile, 15, calls, static_cast<double>(steps))},
                {"network_bytes_per_step",
                 {{"sent", static_cast<double>(m.network.sent) / static_cast<double>(steps)},
                  {"received", static_cast<double>(m.network.received) / static_cast<double>(steps)}}}};
@@ -358,7 +353,7 @@ int run_benchmark(BenchmarkOptions o) {
       split += fmt::format("{}{} {:.0f}%", split.empty() ? "" : ", ", name, 100 * s / measured);
       if (rates.contains(name)) split += fmt::format(" ({:.0f} GFLOP/s)", rates[name].get<double>());
     }
-    log::info("time by op class: {}; {:.0f} ops per step", split, ops_per_step(m.profile, steps));
+    log::info("time by op class: {}; {:.0f} ops per step", split, ops.value_or(0));
   }
   return 0;
 }

@@ -32,8 +32,7 @@ struct State {
   std::vector<Frame> stack;
   std::map<OpClass, double> seconds;
   std::map<OpClass, int64_t> flops;
-  std::map<std::string, double> self_seconds_by_op;
-  std::map<std::string, int64_t> calls_by_op;
+  std::map<std::string, OpTotals> by_op;
   mutable std::mutex mutex;  // profile() may read from another thread
 };
 
@@ -118,8 +117,9 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   state->stack.pop_back();
   const double total = std::chrono::duration<double>(Clock::now() - f.start).count();
   state->seconds[f.op_class] += total - f.children_s;
-  state->self_seconds_by_op[f.name] += total - f.children_s;
-  ++state->calls_by_op[f.name];
+  OpTotals& op = state->by_op[f.name];
+  op.self_seconds += total - f.children_s;
+  ++op.calls;
   if (!state->stack.empty()) state->stack.back().children_s += total;
 }
 
@@ -177,8 +177,7 @@ OpProfile OpProfiler::profile() const {
   std::lock_guard<std::mutex> lock(state->mutex);
   OpProfile p;
   for (const auto& [c, s] : state->seconds) p.seconds[op_class_name(c)] = s;
-  p.self_seconds_by_op = state->self_seconds_by_op;
-  p.calls_by_op = state->calls_by_op;
+  p.by_op = state->by_op;
   for (const auto& [c, f] : state->flops) {
     if (f > 0) p.flops[op_class_name(c)] = f;
     p.matmul_flops += f;

@@ -27,12 +27,18 @@ OpClass classify_op(const std::string& name);
 // around core/onednn_matmul.h's products (linear, as at::mm).
 #define SD_PERF_SCOPE(name) RECORD_USER_SCOPE(name)
 
+// One op's totals: its own time (its children's excluded) and how often it ran (a small model's cost is its op
+// count).
+struct OpTotals {
+  double self_seconds = 0;
+  int64_t calls = 0;
+};
+
 struct OpProfile {
-  std::map<std::string, double> seconds;             // by op class name
-  int64_t matmul_flops = 0;                          // 2 x multiply-adds of convolutions and (batched) matrix products
-  std::map<std::string, int64_t> flops;              // matmul_flops by op class name
-  std::map<std::string, double> self_seconds_by_op;  // each op's own time (its children's excluded), by op name
-  std::map<std::string, int64_t> calls_by_op;        // how often each op ran: a small model's cost is its op count
+  std::map<std::string, double> seconds;  // by op class name
+  int64_t matmul_flops = 0;               // 2 x multiply-adds of convolutions and (batched) matrix products
+  std::map<std::string, int64_t> flops;   // matmul_flops by op class name
+  std::map<std::string, OpTotals> by_op;  // by op name
 };
 
 // Records while alive (one at a time); profile() reads what was recorded so far.

@@ -68,9 +68,9 @@ TEST(OpProfiler, ClassifiesOpsAndScopes) {
   EXPECT_GT(seconds.at("optimizer"), 0.0);
   EXPECT_GT(seconds.at("linear"), 0.0);
   EXPECT_EQ(seconds.count("elementwise"), 0u) << "the muls ran inside the optimizer scope, the allocations in mm";
-  EXPECT_EQ(profile.calls_by_op.at("aten::mm"), 20);
-  EXPECT_EQ(profile.calls_by_op.at("aten::mul_"), 20);
-  EXPECT_EQ(profile.calls_by_op.at("sdtrain::optimizer"), 1);
+  EXPECT_EQ(profile.by_op.at("aten::mm").calls, 20);
+  EXPECT_EQ(profile.by_op.at("aten::mul_").calls, 20);
+  EXPECT_EQ(profile.by_op.at("sdtrain::optimizer").calls, 1);
 }
 
 }  // namespace
