@@ -1,9 +1,11 @@
 // Attention at Stable Diffusion's shapes: the plain path (baddbmm, softmax, bmm, as diffusers' AttnProcessor) against
-// models/tiled_attention.h and, for heads of up to 16 channels, models/small_head_attention.h; forward alone and
-// forward + backward, with what each keeps for backward. One JSON line per case and path.
+// models/tiled_attention.h and, for heads of up to 16 channels, models/small_head_attention.h, for wider float32
+// heads models/wide_head_attention.h; forward alone and forward + backward, with what each keeps for backward. One
+// JSON line per case and path.
 //   bench_attention [--threads N] [--dtype float32|bf16] [--cases SUBSTRING] [--path PREFIX] [--repeats N]
-// Paths: plain, tiled, small_head_256 (AVX2) and, on a CPU with AVX-512F, small_head_512; --path takes those that
-// start with PREFIX (small_head: both widths). --repeats: timed runs per case, 5 by default; more for a profiler.
+// Paths: plain, tiled, small_head_256 (AVX2) and, on a CPU with AVX-512F, small_head_512, wide_head; --path takes
+// those that start with PREFIX (small_head: both widths). --repeats: timed runs per case, 5 by default; more for a
+// profiler.
 #include <torch/csrc/autograd/autograd.h>
 
 #include <cstdio>
@@ -16,6 +18,7 @@
 #include "core/threads.h"
 #include "models/small_head_attention.h"
 #include "models/tiled_attention.h"
+#include "models/wide_head_attention.h"
 
 namespace {
 
@@ -53,6 +56,7 @@ int main(int argc, char** argv) {
       {"sd15-512 self 64x64", 8, 4096, 4096, 40},
       {"sd2-512 self 64x64", 5, 4096, 4096, 64},
       {"sd2-512 self 32x32", 10, 1024, 1024, 64},
+      {"vae-512 mid 64x64", 1, 4096, 4096, 512},  // the VAE's single head of 512 channels, decoding 512²
       {"tiny self 32x32 x2", 4, 1024, 1024, 8},
       // tiny-sd1's attentions in textual inversion at 64² (16x16 latents), batch 2 x 8 heads
       {"tiny self 16x16", 16, 256, 256, 4},
@@ -87,6 +91,10 @@ int main(int argc, char** argv) {
                              return sd::models::small_head_attention(q, k, v, 1, s, false);
                            });
     }
+    if (sd::models::wide_head_attention_fits(q, k, v, 1))
+      paths.emplace_back("wide_head", [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double s) {
+        return sd::models::wide_head_attention(q, k, v, 1, s);
+      });
     for (const auto& [path, fn] : paths) {
       if (path.rfind(only_path, 0) != 0) continue;
       const auto forward = sd::bench::time_it(
@@ -105,7 +113,8 @@ int main(int argc, char** argv) {
       // small_head keeps each query row's maximum and sum (8 bytes per row), and up to 2^22 float32 probabilities
       // over the keys padded to whole vectors of 16.
       const int64_t padded_scores = c.slices * c.lq * ((c.lk + 15) / 16 * 16);
-      const int64_t kept = path == "plain" ? c.slices * c.lq * c.lk * static_cast<int64_t>(v.element_size())
+      const int64_t kept = path == "plain" || path == "wide_head"
+                               ? c.slices * c.lq * c.lk * static_cast<int64_t>(v.element_size())
                            : path.rfind("small_head", 0) == 0
                                ? c.slices * c.lq * 8 + (padded_scores <= (int64_t{1} << 22) ? 4 * padded_scores : 0)
                                : 0;

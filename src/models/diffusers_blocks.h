@@ -111,8 +111,8 @@ class AttentionImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& hidden, const at::Tensor& context = {});
   // Training too runs the tiled attention (models/tiled_attention.h): no probabilities kept for backward (512 MiB
   // per SD-1.5 self-attention at 512² and batch 1), at the cost of a slower backward (diffusers'
-  // enable_xformers_memory_efficient_attention, in effect). Heads of up to 16 channels take the fused kernel either
-  // way, which keeps no probabilities either.
+  // enable_xformers_memory_efficient_attention, in effect). Heads of up to 16 channels take their fused kernel either
+  // way, which keeps no probabilities either; inference keeps none on any path.
   void set_memory_efficient(bool enabled) { memory_efficient_ = enabled; }
 
   torch::nn::GroupNorm group_norm{nullptr};
@@ -120,8 +120,8 @@ class AttentionImpl : public torch::nn::Module {
   torch::nn::ModuleList to_out;  // [Linear, Dropout], as diffusers registers it
 
  private:
-  // The heads' attention: the fused kernel for heads of a few channels (models/small_head_attention.h), else the
-  // tiled or the plain path on [B*heads, L, d] slices.
+  // The heads' attention: the fused kernels for heads of a few channels (models/small_head_attention.h) and for
+  // wider float32 heads (models/wide_head_attention.h), else the tiled or the plain path on [B*heads, L, d] slices.
   at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) const;
 
   AttentionOptions options_;

@@ -5,8 +5,48 @@
 #include <gtest/gtest.h>
 
 #include "model_test_util.h"
+#include "models/diffusers_blocks.h"
 
 namespace sd::test {
+
+// [B, L, heads*d] <-> [B*heads, L, d]
+inline at::Tensor split_heads(const at::Tensor& x, int64_t heads) {
+  const int64_t b = x.size(0), l = x.size(1), d = x.size(2) / heads;
+  return x.reshape({b, l, heads, d}).permute({0, 2, 1, 3}).reshape({b * heads, l, d});
+}
+inline at::Tensor merge_heads(const at::Tensor& x, int64_t heads) {
+  const int64_t bh = x.size(0), l = x.size(1), d = x.size(2);
+  return x.reshape({bh / heads, heads, l, d}).permute({0, 2, 1, 3}).reshape({bh / heads, l, heads * d});
+}
+
+// diffusers' AttnProcessor on the same projections: the path the fused kernels replace.
+inline at::Tensor reference_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads,
+                                      double scale, bool upcast_attention) {
+  return merge_heads(models::scaled_attention(split_heads(q, heads), split_heads(k, heads), split_heads(v, heads),
+                                              scale, upcast_attention,
+                                              /*upcast_softmax=*/false),
+                     heads);
+}
+
+// One attention problem: batch entries, heads, query and key tokens, channels per head.
+struct AttentionCase {
+  int64_t batch, heads, lq, lk, d;
+};
+
+inline ::testing::Message describe(const AttentionCase& c) {
+  return ::testing::Message() << "batch " << c.batch << ", " << c.heads << " heads, " << c.lq << " x " << c.lk
+                              << " tokens, d " << c.d;
+}
+
+// Random projections q [B, Lq, heads*d], k and v [B, Lk, heads*d], and a weighting of the output.
+struct AttentionInputs {
+  at::Tensor q, k, v, weight;
+};
+
+inline AttentionInputs random_inputs(const AttentionCase& c, at::ScalarType dtype = at::kFloat) {
+  return {at::randn({c.batch, c.lq, c.heads * c.d}).to(dtype), at::randn({c.batch, c.lk, c.heads * c.d}).to(dtype),
+          at::randn({c.batch, c.lk, c.heads * c.d}).to(dtype), at::randn({c.batch, c.lq, c.heads * c.d}).to(dtype)};
+}
 
 struct AttentionGrads {
   at::Tensor out, dq, dk, dv;

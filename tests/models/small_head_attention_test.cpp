@@ -18,25 +18,6 @@
 namespace sd::models {
 namespace {
 
-// [B, L, heads*d] <-> [B*heads, L, d]
-at::Tensor split_heads(const at::Tensor& x, int64_t heads) {
-  const int64_t b = x.size(0), l = x.size(1), d = x.size(2) / heads;
-  return x.reshape({b, l, heads, d}).permute({0, 2, 1, 3}).reshape({b * heads, l, d});
-}
-at::Tensor merge_heads(const at::Tensor& x, int64_t heads) {
-  const int64_t bh = x.size(0), l = x.size(1), d = x.size(2);
-  return x.reshape({bh / heads, heads, l, d}).permute({0, 2, 1, 3}).reshape({bh / heads, l, heads * d});
-}
-
-// diffusers' AttnProcessor on the same projections: the path the fused kernel replaces.
-at::Tensor reference_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads,
-                               double scale, bool upcast_attention) {
-  return merge_heads(
-      scaled_attention(split_heads(q, heads), split_heads(k, heads), split_heads(v, heads), scale, upcast_attention,
-                       /*upcast_softmax=*/false),
-      heads);
-}
-
 // The vector widths this CPU runs the kernels at: AVX2's 256 bits always, AVX-512's 512 where it has AVX-512F.
 std::vector<int> vector_widths() {
   const int widest = small_head_attention_vector_bits();
@@ -52,29 +33,18 @@ struct VectorWidth {
 
 using Grads = sd::test::AttentionGrads;
 using sd::test::attention_grads;
-
-struct Case {
-  int64_t batch, heads, lq, lk, d;
-};
+using sd::test::merge_heads;
+using sd::test::reference_attention;
+using sd::test::split_heads;
+using Case = sd::test::AttentionCase;
+using Inputs = sd::test::AttentionInputs;
+using sd::test::describe;
+using sd::test::random_inputs;
 
 // tiny-sd1's self- and cross-attention (8 heads of 4 over 256 tokens, 8 of 8 against 77 text tokens), keys fewer
 // than a vector and not a multiple of one, heads of 1, 6 and 16 channels.
 const std::vector<Case> kCases = {
     {2, 8, 256, 256, 4}, {2, 8, 64, 77, 8}, {1, 3, 5, 3, 16}, {3, 2, 17, 9, 1}, {1, 1, 40, 13, 6}};
-
-::testing::Message describe(const Case& c) {
-  return ::testing::Message() << "batch " << c.batch << ", " << c.heads << " heads, " << c.lq << " x " << c.lk
-                              << " tokens, d " << c.d;
-}
-
-struct Inputs {
-  at::Tensor q, k, v, weight;
-};
-
-Inputs random_inputs(const Case& c, at::ScalarType dtype) {
-  return {at::randn({c.batch, c.lq, c.heads * c.d}).to(dtype), at::randn({c.batch, c.lk, c.heads * c.d}).to(dtype),
-          at::randn({c.batch, c.lk, c.heads * c.d}).to(dtype), at::randn({c.batch, c.lq, c.heads * c.d}).to(dtype)};
-}
 
 TEST(SmallHeadAttention, GradientsMatchFiniteDifferences) {
   for (const int bits : vector_widths()) {

@@ -1,0 +1,180 @@
+#include "models/wide_head_attention.h"
+
+#include <ATen/Parallel.h>
+#include <oneapi/dnnl/dnnl.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "core/error.h"
+#include "core/parallel.h"
+#include "perf/op_profiler.h"
+
+namespace sd::models {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Row-major C = alpha · op(A) op(B) + beta · C, single-threaded inside the blocks' parallel loop.
+void gemm(char trans_a, char trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+          const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  const dnnl_status_t status = dnnl_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  // The shapes come from tensors checked in wide_head_attention: a failure here is a bug, not bad input.
+  SD_CHECK(status == dnnl_success, "wide_head_attention: oneDNN sgemm failed with status {}", static_cast<int>(status));
+}
+
+// Query rows per block: enough for 256 KiB of scores, and from 64 to 256 rows whatever the keys. bench_attention,
+// SD-1.5 and SD-2 shapes: 32 rows are up to 1.5x slower at every size (oneDNN packs the keys for every block), 64
+// rows are best from 1024 keys up (their probabilities and gradients, 2 x 1 MiB at 4096 keys, stay in L2), 128-256
+// rows below that.
+int64_t block_rows(int64_t queries, int64_t keys) {
+  constexpr int64_t kScoreBytes = 256 << 10;
+  return std::min(queries, std::clamp<int64_t>(kScoreBytes / (4 * keys), 64, 256));
+}
+
+// The shapes of one call: q [batch, queries, heads*d], k and v [batch, keys, heads*d].
+struct Problem {
+  int64_t batch, heads, queries, keys, d;
+  int64_t block_rows;  // query rows per block
+  float scale;
+
+  int64_t row_stride() const { return heads * d; }
+  int64_t blocks_per_slice() const { return (queries + block_rows - 1) / block_rows; }
+  int64_t blocks() const { return batch * heads * blocks_per_slice(); }
+};
+
+// Query rows [row, row + rows) of head h of batch entry b.
+struct Block {
+  int64_t b, h, row, rows;
+
+  static Block number(const Problem& p, int64_t i) {
+    const int64_t slice = i / p.blocks_per_slice(), row = i % p.blocks_per_slice() * p.block_rows;
+    return {slice / p.heads, slice % p.heads, row, std::min(p.block_rows, p.queries - row)};
+  }
+  // The block's first element in a [batch, rows_per_entry, heads*d] tensor.
+  template <typename T>
+  T* rows_of(T* data, const Problem& p, int64_t rows_per_entry, int64_t first_row) const {
+    return data + ((b * rows_per_entry + first_row) * p.heads + h) * p.d;
+  }
+  template <typename T>
+  T* queries_of(T* data, const Problem& p) const {
+    return rows_of(data, p, p.queries, row);
+  }
+  template <typename T>
+  T* keys_of(T* data, const Problem& p) const {
+    return rows_of(data, p, p.keys, 0);
+  }
+  // The block's probabilities in a [batch*heads, queries, keys] buffer.
+  float* probabilities_of(float* data, const Problem& p) const {
+    return data + ((b * p.heads + h) * p.queries + row) * p.keys;
+  }
+};
+
+// Runs fn(block, thread) for every block, spread over LibTorch's threads.
+template <typename Fn>
+void for_each_block(const Problem& p, const Fn& fn) {
+  sd::parallel_for(0, p.blocks(), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) fn(Block::number(p, i), at::get_thread_num());
+  });
+}
+
+at::Tensor matrix(float* data, int64_t rows, int64_t cols) { return at::from_blob(data, {rows, cols}, at::kFloat); }
+
+// probabilities = softmax(q kᵀ · scale) of one block, written to `out` [rows, keys]; out_rows = probabilities v.
+void forward_block(const Problem& p, const Block& blk, const float* q, const float* k, const float* v, float* probs,
+                   float* out) {
+  const int64_t ld = p.row_stride();
+  gemm('N', 'T', blk.rows, p.keys, p.d, p.scale, blk.queries_of(q, p), ld, blk.keys_of(k, p), ld, 0.f, probs, p.keys);
+  at::Tensor scores = matrix(probs, blk.rows, p.keys);
+  at::_softmax_out(scores, scores, 1, false);
+  gemm('N', 'N', blk.rows, p.d, p.keys, 1.f, probs, p.keys, blk.keys_of(v, p), ld, 0.f, blk.queries_of(out, p), ld);
+}
+
+class WideHeadAttention : public torch::autograd::Function<WideHeadAttention> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q_in, const at::Tensor& k_in,
+                            const at::Tensor& v_in, int64_t heads, double scale, bool keep) {
+    RECORD_USER_SCOPE_WITH_INPUTS("sdtrain::attention", std::vector<c10::IValue>({q_in, k_in, v_in}));
+    const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
+    const Problem p = problem_of(q, k, heads, scale);
+    at::Tensor out = at::empty(q.sizes(), q.options());
+    // Training keeps every block's probabilities for backward; inference reuses one block buffer per thread.
+    at::Tensor probs = keep ? at::empty({p.batch * heads, p.queries, p.keys}, q.options())
+                            : at::empty({at::get_num_threads(), p.block_rows, p.keys}, q.options());
+    for_each_block(p, [&](const Block& blk, int thread) {
+      float* block_probs = keep ? blk.probabilities_of(probs.data_ptr<float>(), p)
+                                : probs.data_ptr<float>() + thread * p.block_rows * p.keys;
+      forward_block(p, blk, q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), block_probs,
+                    out.data_ptr<float>());
+    });
+    if (keep) {
+      ctx->save_for_backward({q, k, v, probs});
+      ctx->saved_data["heads"] = heads;
+      ctx->saved_data["scale"] = scale;
+    }
+    return out;
+  }
+
+  // With P = softmax(S), S = q kᵀ · scale, out = P v and dP = d_out vᵀ:
+  //   dv = Pᵀ d_out,  dS = P ∘ (dP − rowsum(P ∘ dP)),  dq = dS k · scale,  dk = dSᵀ q · scale.
+  // dk and dv sum over every query block: each thread accumulates its own copy, summed in thread order at the end,
+  // so the result does not depend on timing.
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &probs = saved[3];
+    RECORD_USER_SCOPE_WITH_INPUTS("sdtrain::attention_backward", std::vector<c10::IValue>({q, k, v}));
+    const Problem p = problem_of(q, k, ctx->saved_data["heads"].toInt(), ctx->saved_data["scale"].toDouble());
+    const at::Tensor d_out = grad_outputs[0].contiguous();
+    const int64_t threads = at::get_num_threads(), ld = p.row_stride();
+    at::Tensor dq = at::empty(q.sizes(), q.options());
+    at::Tensor dk_parts = at::zeros({threads, p.batch, p.keys, ld}, k.options());
+    at::Tensor dv_parts = at::zeros({threads, p.batch, p.keys, ld}, v.options());
+    at::Tensor d_probs = at::empty({threads, p.block_rows, p.keys}, q.options());
+    for_each_block(p, [&](const Block& blk, int thread) {
+      const float* block_d_out = blk.queries_of(d_out.data_ptr<float>(), p);
+      const float* block_q = blk.queries_of(q.data_ptr<float>(), p);
+      float* block_probs = blk.probabilities_of(probs.data_ptr<float>(), p);
+      float* block_d_probs = d_probs.data_ptr<float>() + thread * p.block_rows * p.keys;
+      float* dk = blk.keys_of(dk_parts.data_ptr<float>() + thread * p.batch * p.keys * ld, p);
+      float* dv = blk.keys_of(dv_parts.data_ptr<float>() + thread * p.batch * p.keys * ld, p);
+      gemm('N', 'T', blk.rows, p.keys, p.d, 1.f, block_d_out, ld, blk.keys_of(v.data_ptr<float>(), p), ld, 0.f,
+           block_d_probs, p.keys);
+      gemm('T', 'N', p.keys, p.d, blk.rows, 1.f, block_probs, p.keys, block_d_out, ld, 1.f, dv, ld);
+      // softmax's own backward kernel, written over dP: P ∘ (dP − rowsum(P ∘ dP)).
+      at::Tensor d_scores = matrix(block_d_probs, blk.rows, p.keys);
+      at::_softmax_backward_data_out(d_scores, d_scores, matrix(block_probs, blk.rows, p.keys), 1, at::kFloat);
+      gemm('N', 'N', blk.rows, p.d, p.keys, p.scale, block_d_probs, p.keys, blk.keys_of(k.data_ptr<float>(), p), ld,
+           0.f, blk.queries_of(dq.data_ptr<float>(), p), ld);
+      gemm('T', 'N', p.keys, p.d, blk.rows, p.scale, block_d_probs, p.keys, block_q, ld, 1.f, dk, ld);
+    });
+    return {dq, dk_parts.sum(0), dv_parts.sum(0), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+
+ private:
+  static Problem problem_of(const at::Tensor& q, const at::Tensor& k, int64_t heads, double scale) {
+    const int64_t d = q.size(2) / heads;
+    return {q.size(0), heads, q.size(1), k.size(1), d, block_rows(q.size(1), k.size(1)), static_cast<float>(scale)};
+  }
+};
+
+}  // namespace
+
+bool wide_head_attention_fits(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads) {
+  const auto is_input = [](const at::Tensor& x) { return x.dim() == 3 && x.scalar_type() == at::kFloat && x.is_cpu(); };
+  return is_input(q) && is_input(k) && is_input(v) && heads > 0 && q.size(2) % heads == 0 && q.size(2) / heads > 16 &&
+         k.size(2) == q.size(2) && v.sizes() == k.sizes() && k.size(0) == q.size(0);
+}
+
+at::Tensor wide_head_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads,
+                               double scale) {
+  SD_CHECK(wide_head_attention_fits(q, k, v, heads),
+           "wide_head_attention: expected float32 q [B, Lq, heads*d], k and v [B, Lk, heads*d] with {} heads of more "
+           "than 16 channels, got [{}], [{}], [{}]",
+           heads, fmt::join(q.sizes(), ", "), fmt::join(k.sizes(), ", "), fmt::join(v.sizes(), ", "));
+  return WideHeadAttention::apply(q, k, v, heads, scale, at::GradMode::is_enabled());
+}
+
+}  // namespace sd::models

@@ -1,0 +1,24 @@
+// Attention for heads of tens of channels (SD-1.x: 40-160, SD-2: 64) in float32, per block of query rows: the
+// block's scores, softmax and output stay in the cache, and forward and backward are one autograd node each.
+// LibTorch's path copies q, k and v into [B*heads, L, d], and its baddbmm, softmax, bmm and their backwards each
+// write or read the whole [B*heads, Lq, Lk] score matrix (32 MiB per SD-1.5 self-attention at 256², 320 MiB for
+// SD-2 at 512²): ten passes over it, which at this size cost as much as the products themselves.
+//
+// Forward writes each block's probabilities once, into the buffer backward reads them from (what LibTorch's path
+// keeps too); recomputing them instead (models/tiled_attention.h) saves that memory for a third more arithmetic.
+// The products are oneDNN's sgemm, the path every float32 GEMM in sdtrain takes; the softmax is LibTorch's.
+#pragma once
+#include <ATen/ATen.h>
+
+namespace sd::models {
+
+// Whether wide_head_attention takes these inputs: float32 CPU tensors [B, L, heads*d] with heads of more than 16
+// channels (narrower heads take models/small_head_attention.h).
+bool wide_head_attention_fits(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads);
+
+// softmax(q kᵀ · scale) v per head: q [B, Lq, heads*d], k and v [B, Lk, heads*d] -> [B, Lq, heads*d];
+// differentiable in q, k and v.
+at::Tensor wide_head_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads,
+                               double scale);
+
+}  // namespace sd::models

@@ -1,0 +1,157 @@
+#include "models/wide_head_attention.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "attention_test_util.h"
+#include "model_test_util.h"
+#include "models/diffusers_blocks.h"
+
+namespace sd::models {
+namespace {
+
+using Grads = sd::test::AttentionGrads;
+using sd::test::attention_grads;
+using sd::test::reference_attention;
+using Case = sd::test::AttentionCase;
+using Inputs = sd::test::AttentionInputs;
+using sd::test::describe;
+using sd::test::random_inputs;
+
+// SD-1.5's heads of 40 over more queries than one block holds (blocks of 218 rows at 300 keys: one full, one short),
+// a cross-attention against 77 keys, the VAE's single head of 512 channels, uneven small shapes, and 4100 keys
+// (blocks of the 64-row minimum, the last of 2 rows).
+const std::vector<Case> kCases = {
+    {1, 8, 300, 300, 40}, {2, 2, 70, 77, 24}, {1, 1, 64, 5, 512}, {3, 2, 17, 9, 20}, {1, 1, 130, 4100, 24}};
+
+TEST(WideHeadAttention, GradientsMatchFiniteDifferences) {
+  at::manual_seed(3);
+  const Case c{2, 2, 7, 11, 17};
+  const Inputs in = random_inputs(c);
+  const double scale = 0.3;
+  auto wide = [&](auto& q, auto& k, auto& v) { return wide_head_attention(q, k, v, c.heads, scale); };
+  const Grads analytic = attention_grads(wide, in.q, in.k, in.v, in.weight);
+  auto loss = [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+    torch::NoGradGuard no_grad;
+    return (wide(q, k, v).to(at::kDouble) * in.weight.to(at::kDouble)).sum().item<double>();
+  };
+  // The kernel computes in float32, so the step trades truncation (~h²) against rounding (~1e-7 · |loss| / h).
+  const Grads numeric = sd::test::numeric_attention_grads(loss, in.q, in.k, in.v, /*h=*/1e-2);
+  EXPECT_TRUE(sd::test::close_rel_max(analytic.dq, numeric.dq, 2e-3));
+  EXPECT_TRUE(sd::test::close_rel_max(analytic.dk, numeric.dk, 2e-3));
+  EXPECT_TRUE(sd::test::close_rel_max(analytic.dv, numeric.dv, 2e-3));
+}
+
+TEST(WideHeadAttention, EqualsDiffusersPathWhateverTheThreads) {
+  const int threads = at::get_num_threads();
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(describe(c));
+    at::manual_seed(c.lq + c.d);
+    const Inputs in = random_inputs(c);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.d));
+    const Grads reference =
+        attention_grads([&](auto& q, auto& k, auto& v) { return reference_attention(q, k, v, c.heads, scale, false); },
+                        in.q, in.k, in.v, in.weight);
+    for (int n : {1, 2, 3}) {
+      at::set_num_threads(n);
+      const Grads wide =
+          attention_grads([&](auto& q, auto& k, auto& v) { return wide_head_attention(q, k, v, c.heads, scale); }, in.q,
+                          in.k, in.v, in.weight);
+      // The same products and softmax in other summation orders (blocks, per-thread sums): a few ulps of the largest.
+      EXPECT_TRUE(sd::test::grads_close(wide, reference, 1e-5)) << n << " threads";
+    }
+  }
+  at::set_num_threads(threads);
+}
+
+// Inference keeps no probabilities and reuses one block buffer per thread; it computes every block as training does.
+TEST(WideHeadAttention, InferenceGivesTrainingsOutputAndRunsRepeatBitForBit) {
+  at::manual_seed(4);
+  const Case c{2, 3, 300, 300, 24};
+  const Inputs in = random_inputs(c);
+  auto wide = [&](auto& q, auto& k, auto& v) { return wide_head_attention(q, k, v, c.heads, 0.2); };
+  const Grads first = attention_grads(wide, in.q, in.k, in.v, in.weight),
+              second = attention_grads(wide, in.q, in.k, in.v, in.weight);
+  EXPECT_TRUE(at::equal(first.out, second.out));
+  EXPECT_TRUE(at::equal(first.dq, second.dq));
+  EXPECT_TRUE(at::equal(first.dk, second.dk));
+  EXPECT_TRUE(at::equal(first.dv, second.dv));
+  torch::NoGradGuard no_grad;
+  EXPECT_TRUE(at::equal(wide(in.q, in.k, in.v), first.out));
+  // k as a non-contiguous view of the same numbers.
+  const at::Tensor k_strided = in.k.transpose(0, 1).contiguous().transpose(0, 1);
+  ASSERT_FALSE(k_strided.is_contiguous());
+  EXPECT_TRUE(at::equal(wide(in.q, k_strided, in.v), first.out));
+}
+
+// A NaN reaches the outputs it touches, as in the reference, so a diverging run is noticed rather than hidden.
+TEST(WideHeadAttention, NanReachesTheRowsItTouches) {
+  at::manual_seed(2);
+  const Case c{1, 2, 6, 9, 20};
+  const Inputs in = random_inputs(c);
+  at::Tensor q = in.q.clone();
+  q[0][3][1] = NAN;  // query 3 of head 0
+  const at::Tensor out = wide_head_attention(q, in.k, in.v, c.heads, 0.5);
+  EXPECT_TRUE(at::equal(out.isnan().any(-1)[0], at::arange(6).eq(3)));
+  EXPECT_TRUE(out[0][3].slice(0, 0, 20).isnan().all().item<bool>());    // head 0's channels
+  EXPECT_FALSE(out[0][3].slice(0, 20, 40).isnan().any().item<bool>());  // head 1's
+}
+
+TEST(WideHeadAttention, FitsOnlyWhatItComputes) {
+  const at::Tensor x = at::randn({1, 6, 80});
+  EXPECT_TRUE(wide_head_attention_fits(x, x, x, 2));   // 40 channels per head
+  EXPECT_TRUE(wide_head_attention_fits(x, x, x, 4));   // 20
+  EXPECT_FALSE(wide_head_attention_fits(x, x, x, 5));  // 16: the small-head kernel's work
+  EXPECT_FALSE(wide_head_attention_fits(x, x, x, 3));  // heads do not divide the channels
+  EXPECT_FALSE(wide_head_attention_fits(x.to(at::kBFloat16), x.to(at::kBFloat16), x.to(at::kBFloat16), 2));
+  EXPECT_FALSE(wide_head_attention_fits(x.to(at::kDouble), x.to(at::kDouble), x.to(at::kDouble), 2));
+  EXPECT_FALSE(wide_head_attention_fits(x.view({6, 80}), x, x, 2));                            // not [B, L, C]
+  EXPECT_FALSE(wide_head_attention_fits(x, at::randn({2, 6, 80}), at::randn({2, 6, 80}), 2));  // batch sizes differ
+  EXPECT_FALSE(wide_head_attention_fits(x, x, at::randn({1, 5, 80}), 2));                      // v's keys differ
+  const std::string message = sd::test::error_message([&] {
+    wide_head_attention(x, at::randn({1, 5, 40}), at::randn({1, 5, 40}), 2, 0.5);
+  });
+  EXPECT_NE(message.find("expected float32 q [B, Lq, heads*d], k and v [B, Lk, heads*d] with 2 heads of more than 16 "
+                         "channels, got [1, 6, 80], [1, 5, 40], [1, 5, 40]"),
+            std::string::npos)
+      << message;
+}
+
+// The Attention module takes the kernel for float32 heads of more than 16 channels, except in training under
+// --enable_xformers_memory_efficient_attention (the tiled path, which keeps no probabilities); either way it gives
+// diffusers' numbers.
+TEST(WideHeadAttention, AttentionModuleTakesItUnlessTrainingMemoryEfficiently) {
+  for (const bool memory_efficient : {false, true}) {
+    SCOPED_TRACE(memory_efficient ? "memory-efficient" : "plain");
+    at::manual_seed(9);
+    AttentionOptions o;
+    o.query_dim = 32;
+    o.heads = 2;
+    o.dim_head = 40;
+    o.cross_attention_dim = 24;
+    Attention attention(o);
+    attention->set_memory_efficient(memory_efficient);
+    const at::Tensor hidden = at::randn({2, 32, 4, 5}), context = at::randn({2, 7, 24});
+    const at::Tensor out = attention->forward(hidden, context);
+    EXPECT_EQ(sd::test::graph_has_node(out, "WideHeadAttention"), !memory_efficient);
+    EXPECT_EQ(sd::test::graph_has_node(out, "TiledAttention"), memory_efficient);
+    const at::Tensor h = hidden.flatten(2).transpose(1, 2);
+    const at::Tensor heads_out =
+        reference_attention(attention->to_q->forward(h), attention->to_k->forward(context),
+                            attention->to_v->forward(context), 2, 1.0 / std::sqrt(40.0), false);
+    const at::Tensor expected =
+        attention->to_out[0]->as<LinearImpl>()->forward(heads_out).transpose(1, 2).reshape({2, 32, 4, 5});
+    EXPECT_TRUE(sd::test::close_rel_max(out, expected, 1e-5));
+    torch::NoGradGuard no_grad;
+    EXPECT_TRUE(sd::test::close_rel_max(attention->forward(hidden, context), expected, 1e-5));
+  }
+}
+
+}  // namespace
+}  // namespace sd::models
