@@ -83,7 +83,8 @@ void for_each_block(const Problem& p, const Fn& fn) {
 
 at::Tensor matrix(float* data, int64_t rows, int64_t cols) { return at::from_blob(data, {rows, cols}, at::kFloat); }
 
-// probabilities = softmax(q kᵀ · scale) of one block, written to `out` [rows, keys]; out_rows = probabilities v.
+// One block: its probabilities softmax(q kᵀ · scale) into `probs` [rows, keys] (the softmax in place over the
+// scores), then its output rows, the probabilities times v, into `out`.
 void forward_block(const Problem& p, const Block& blk, const float* q, const float* k, const float* v, float* probs,
                    float* out) {
   const int64_t ld = p.row_stride();
@@ -165,7 +166,7 @@ class WideHeadAttention : public torch::autograd::Function<WideHeadAttention> {
 bool wide_head_attention_fits(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads) {
   const auto is_input = [](const at::Tensor& x) { return x.dim() == 3 && x.scalar_type() == at::kFloat && x.is_cpu(); };
   return is_input(q) && is_input(k) && is_input(v) && heads > 0 && q.size(2) % heads == 0 && q.size(2) / heads > 16 &&
-         k.size(2) == q.size(2) && v.sizes() == k.sizes() && k.size(0) == q.size(0);
+         k.size(2) == q.size(2) && v.sizes() == k.sizes() && k.size(0) == q.size(0) && q.size(1) > 0 && k.size(1) > 0;
 }
 
 at::Tensor wide_head_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads,
@@ -174,7 +175,9 @@ at::Tensor wide_head_attention(const at::Tensor& q, const at::Tensor& k, const a
            "wide_head_attention: expected float32 q [B, Lq, heads*d], k and v [B, Lk, heads*d] with {} heads of more "
            "than 16 channels, got [{}], [{}], [{}]",
            heads, fmt::join(q.sizes(), ", "), fmt::join(k.sizes(), ", "), fmt::join(v.sizes(), ", "));
-  return WideHeadAttention::apply(q, k, v, heads, scale, at::GradMode::is_enabled());
+  // The probabilities are kept only for a backward that will run.
+  const bool keep = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+  return WideHeadAttention::apply(q, k, v, heads, scale, keep);
 }
 
 }  // namespace sd::models

@@ -13,7 +13,7 @@
 namespace sd::models {
 
 // Whether wide_head_attention takes these inputs: float32 CPU tensors [B, L, heads*d] with heads of more than 16
-// channels (narrower heads take models/small_head_attention.h).
+// channels (narrower heads take models/small_head_attention.h) and at least one query and one key.
 bool wide_head_attention_fits(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads);
 
 // softmax(q kᵀ · scale) v per head: q [B, Lq, heads*d], k and v [B, Lk, heads*d] -> [B, Lq, heads*d];

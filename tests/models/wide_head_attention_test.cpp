@@ -82,6 +82,9 @@ TEST(WideHeadAttention, InferenceGivesTrainingsOutputAndRunsRepeatBitForBit) {
   EXPECT_TRUE(at::equal(first.dq, second.dq));
   EXPECT_TRUE(at::equal(first.dk, second.dk));
   EXPECT_TRUE(at::equal(first.dv, second.dv));
+  const at::Tensor without_grads = wide(in.q, in.k, in.v);  // grad mode on, but nothing to differentiate
+  EXPECT_FALSE(without_grads.requires_grad());
+  EXPECT_TRUE(at::equal(without_grads, first.out));
   torch::NoGradGuard no_grad;
   EXPECT_TRUE(at::equal(wide(in.q, in.k, in.v), first.out));
   // k as a non-contiguous view of the same numbers.
@@ -114,6 +117,8 @@ TEST(WideHeadAttention, FitsOnlyWhatItComputes) {
   EXPECT_FALSE(wide_head_attention_fits(x.view({6, 80}), x, x, 2));                            // not [B, L, C]
   EXPECT_FALSE(wide_head_attention_fits(x, at::randn({2, 6, 80}), at::randn({2, 6, 80}), 2));  // batch sizes differ
   EXPECT_FALSE(wide_head_attention_fits(x, x, at::randn({1, 5, 80}), 2));                      // v's keys differ
+  EXPECT_FALSE(wide_head_attention_fits(x, at::randn({1, 0, 80}), at::randn({1, 0, 80}), 2));  // no keys
+  EXPECT_FALSE(wide_head_attention_fits(at::randn({1, 0, 80}), x, x, 2));                      // no queries
   const std::string message = sd::test::error_message([&] {
     wide_head_attention(x, at::randn({1, 5, 40}), at::randn({1, 5, 40}), 2, 0.5);
   });
