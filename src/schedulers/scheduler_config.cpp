@@ -37,6 +37,16 @@ std::optional<double> special_number(const sd::io::JsonConfig& cfg, const Schedu
   return cfg.get<double>(key, 0.0);  // throws the usual "must be a number" error for anything else
 }
 
+// A beta is the noise variance one step adds: a number from 0 to 1. Anything else cannot come from a real schedule
+// (and beyond float32's range LibTorch would refuse to build the table).
+bool is_beta(double beta) { return beta >= 0 && beta <= 1; }
+
+std::optional<double> optional_beta(const sd::io::JsonConfig& cfg, const SchedulerConfig& c, const std::string& key) {
+  const std::optional<double> beta = cfg.get_optional<double>(key);
+  if (beta && !is_beta(*beta)) c.fail_key(key, fmt::format("must be a number from 0 to 1, got {}", *beta));
+  return beta;
+}
+
 // diffusers' betas_for_alpha_bar with the cosine transform, in float64 like the Python original.
 std::vector<double> cosine_betas(int64_t n, double max_beta = 0.999) {
   auto alpha_bar = [](double t) { return std::pow(std::cos((t + 0.008) / 1.008 * M_PI / 2), 2.0); };
@@ -71,8 +81,8 @@ SchedulerConfig SchedulerConfig::from_json(const sd::io::JsonConfig& cfg) {
     c.fail_key("num_train_timesteps", fmt::format("must be >= 1, got {}", c.num_train_timesteps));
   // 100 times SD's 1000: the schedules are tables of this length.
   io::check_at_most(c.source, "num_train_timesteps", c.num_train_timesteps, 100000);
-  c.beta_start = cfg.get_optional<double>("beta_start");
-  c.beta_end = cfg.get_optional<double>("beta_end");
+  c.beta_start = optional_beta(cfg, c, "beta_start");
+  c.beta_end = optional_beta(cfg, c, "beta_end");
   c.beta_schedule =
       one_of(cfg, c, "beta_schedule", c.beta_schedule, {"linear", "scaled_linear", "squaredcos_cap_v2", "sigmoid"});
   if (cfg.has("trained_betas")) {
@@ -81,6 +91,8 @@ SchedulerConfig SchedulerConfig::from_json(const sd::io::JsonConfig& cfg) {
     std::vector<double> betas;
     for (const auto& b : v) {
       if (!b.is_number()) c.fail_key("trained_betas", "must be null or a list of numbers, got an entry " + b.dump());
+      if (!is_beta(b.get<double>()))
+        c.fail_key("trained_betas", "must hold numbers from 0 to 1, got an entry " + b.dump());
       betas.push_back(b.get<double>());
     }
     if (static_cast<int64_t>(betas.size()) != c.num_train_timesteps)

@@ -238,6 +238,11 @@ TEST(SchedulerErrors, BadValuesNameTheFileAndKey) {
       {R"({"_class_name": "DDIMScheduler", "thresholding": true})", "thresholding", "not supported"},
       {R"({"_class_name": "DDIMScheduler", "trained_betas": [0.1, 0.2]})", "trained_betas", "2 entries"},
       {R"({"_class_name": "DDIMScheduler", "trained_betas": "x"})", "trained_betas", "list"},
+      // A fuzzer's find: beyond float32, LibTorch's linspace threw its own overflow error.
+      {R"({"_class_name": "PNDMScheduler", "beta_end": 5.5e51})", "beta_end", "from 0 to 1, got 5.5e+51"},
+      {R"({"_class_name": "PNDMScheduler", "beta_start": -0.1})", "beta_start", "from 0 to 1, got -0.1"},
+      {R"({"_class_name": "DDIMScheduler", "num_train_timesteps": 2, "trained_betas": [0.1, 2]})", "trained_betas",
+       "from 0 to 1, got an entry 2"},
       {R"({"_class_name": "DDIMScheduler", "beta_schedule": "sigmoid"})", "beta_schedule", "DDIMScheduler"},
       {R"({"_class_name": "DDPMScheduler", "variance_type": "learned"})", "variance_type", "learned"},
       {R"({"_class_name": "PNDMScheduler", "prediction_type": "sample"})", "prediction_type", "sample"},
