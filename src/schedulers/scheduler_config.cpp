@@ -1,5 +1,6 @@
 #include "schedulers/scheduler_config.h"
 
+#include <limits>
 #include <cmath>
 #include <set>
 
@@ -109,6 +110,10 @@ SchedulerConfig SchedulerConfig::from_json(const sd::io::JsonConfig& cfg) {
   c.steps_offset = cfg.get<int64_t>("steps_offset", c.steps_offset);
   if (c.steps_offset < 0) c.fail_key("steps_offset", fmt::format("must be >= 0, got {}", c.steps_offset));
   c.clip_sample_range = cfg.get<double>("clip_sample_range", c.clip_sample_range);
+  // The samples are clamped to it in float32: beyond, LibTorch's clamp would throw its own overflow error mid-run.
+  if (!(c.clip_sample_range > 0 && c.clip_sample_range <= std::numeric_limits<float>::max()))
+    c.fail_key("clip_sample_range",
+               fmt::format("must be a positive number within float32's range, got {}", c.clip_sample_range));
   c.skip_prk_steps = cfg.get<bool>("skip_prk_steps", c.skip_prk_steps);
   c.thresholding = cfg.get<bool>("thresholding", c.thresholding);
   c.dynamic_thresholding_ratio = cfg.get<double>("dynamic_thresholding_ratio", c.dynamic_thresholding_ratio);

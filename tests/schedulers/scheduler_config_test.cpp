@@ -241,6 +241,9 @@ TEST(SchedulerErrors, BadValuesNameTheFileAndKey) {
       // A fuzzer's find: beyond float32, LibTorch's linspace threw its own overflow error.
       {R"({"_class_name": "PNDMScheduler", "beta_end": 5.5e51})", "beta_end", "from 0 to 1, got 5.5e+51"},
       {R"({"_class_name": "PNDMScheduler", "beta_start": -0.1})", "beta_start", "from 0 to 1, got -0.1"},
+      {R"({"_class_name": "DDIMScheduler", "clip_sample_range": 1e39})", "clip_sample_range",
+       "positive number within float32's range, got 1e+39"},
+      {R"({"_class_name": "DDPMScheduler", "clip_sample_range": -1})", "clip_sample_range", "got -1"},
       {R"({"_class_name": "DDIMScheduler", "num_train_timesteps": 2, "trained_betas": [0.1, 2]})", "trained_betas",
        "from 0 to 1, got an entry 2"},
       {R"({"_class_name": "DDIMScheduler", "beta_schedule": "sigmoid"})", "beta_schedule", "DDIMScheduler"},
