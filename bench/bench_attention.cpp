@@ -3,18 +3,20 @@
 // heads models/wide_head_attention.h; forward alone and forward + backward, with what each keeps for backward. One
 // JSON line per case and path.
 //   bench_attention [--threads N] [--dtype float32|bf16] [--cases SUBSTRING] [--path PREFIX] [--repeats N]
-// Paths: plain, tiled, small_head_256 (AVX2) and, on a CPU with AVX-512F, small_head_512, wide_head; --path takes
-// those that start with PREFIX (small_head: both widths). --repeats: timed runs per case, 5 by default; more for a
-// profiler.
+// Paths: plain, tiled, small_head_256 and wide_head_256 (AVX2) and, on a CPU with AVX-512F, small_head_512 and
+// wide_head_512; --path takes those that start with PREFIX (small_head: both widths). --repeats: timed runs per case, 5
+// by default; more for a profiler.
 #include <torch/csrc/autograd/autograd.h>
 
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "bench_util.h"
+#include "core/cpu_features.h"
 #include "core/threads.h"
 #include "models/small_head_attention.h"
 #include "models/tiled_attention.h"
@@ -48,7 +50,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--repeats")) repeats = std::atoi(argv[i + 1]);
   }
   sd::set_compute_threads(threads);
-  const bool avx512 = sd::models::small_head_attention_vector_bits() == 512;
+  const bool avx512 = sd::kernel_vector_bits() == 512;
   const std::vector<Case> cases = {
       {"sd15-256 self 32x32", 8, 1024, 1024, 40},
       {"sd15-256 cross 32x32", 8, 1024, 77, 40},
@@ -72,27 +74,28 @@ int main(int argc, char** argv) {
     const at::Tensor q = at::randn({c.slices, c.lq, c.d}).to(dtype), k = at::randn({c.slices, c.lk, c.d}).to(dtype),
                      v = at::randn({c.slices, c.lk, c.d}).to(dtype), d_out = at::randn({c.slices, c.lq, c.d}).to(dtype);
     const double gemm_flops = 4.0 * c.slices * c.lq * c.lk * c.d;  // q kᵀ and P v
-    using Fn = at::Tensor (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&, double);
+    using Fn = std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, double)>;
     std::vector<std::pair<std::string, Fn>> paths = {
         {"plain", plain_attention},
         {"tiled", [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double s) {
            return sd::models::tiled_attention(q, k, v, s, false);
          }}};
-    // Each slice as a batch entry of one head: the same numbers in the fused kernel's [B, L, heads*d] layout.
-    if (sd::models::small_head_attention_fits(q, k, v, 1)) {
-      paths.emplace_back("small_head_256", [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double s) {
-        sd::models::set_small_head_attention_vector_bits(256);
+    // A fused kernel as path name_256 (AVX2) and, on a CPU with AVX-512F, name_512.
+    const auto add_at_each_width = [&](const std::string& name, const Fn& kernel) {
+      for (const int bits : avx512 ? std::vector<int>{256, 512} : std::vector<int>{256})
+        paths.emplace_back(name + "_" + std::to_string(bits),
+                           [bits, kernel](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double s) {
+                             sd::set_kernel_vector_bits(bits);
+                             return kernel(q, k, v, s);
+                           });
+    };
+    // Each slice as a batch entry of one head: the same numbers in the fused kernels' [B, L, heads*d] layout.
+    if (sd::models::small_head_attention_fits(q, k, v, 1))
+      add_at_each_width("small_head", [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double s) {
         return sd::models::small_head_attention(q, k, v, 1, s, false);
       });
-      if (avx512)
-        paths.emplace_back("small_head_512",
-                           [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double s) {
-                             sd::models::set_small_head_attention_vector_bits(512);
-                             return sd::models::small_head_attention(q, k, v, 1, s, false);
-                           });
-    }
     if (sd::models::wide_head_attention_fits(q, k, v, 1))
-      paths.emplace_back("wide_head", [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double s) {
+      add_at_each_width("wide_head", [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double s) {
         return sd::models::wide_head_attention(q, k, v, 1, s);
       });
     for (const auto& [path, fn] : paths) {
@@ -113,7 +116,7 @@ int main(int argc, char** argv) {
       // small_head keeps each query row's maximum and sum (8 bytes per row), and up to 2^22 float32 probabilities
       // over the keys padded to whole vectors of 16.
       const int64_t padded_scores = c.slices * c.lq * ((c.lk + 15) / 16 * 16);
-      const int64_t kept = path == "plain" || path == "wide_head"
+      const int64_t kept = path == "plain" || path.rfind("wide_head", 0) == 0
                                ? c.slices * c.lq * c.lk * static_cast<int64_t>(v.element_size())
                            : path.rfind("small_head", 0) == 0
                                ? c.slices * c.lq * 8 + (padded_scores <= (int64_t{1} << 22) ? 4 * padded_scores : 0)

@@ -1,6 +1,5 @@
 #include "models/small_head_attention.h"
 
-#include <immintrin.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
@@ -8,8 +7,10 @@
 #include <cmath>
 #include <vector>
 
+#include "core/cpu_features.h"
 #include "core/error.h"
 #include "core/parallel.h"
+#include "core/simd.h"
 #include "perf/op_profiler.h"
 
 namespace sd::models {
@@ -24,7 +25,6 @@ constexpr int64_t kMaxHeadChannels = 16;
 // scores are -inf, so it adds exact zeros.
 constexpr int64_t kKeyPadding = 16;
 
-#define SD_INLINE __attribute__((always_inline)) inline
 // GCC at -O2 keeps loops over the D channels rolled, and with them the per-channel sums in memory (measured: a
 // store-to-load round trip per multiply-add, 2x slower rows).
 #define SD_UNROLL_CHANNELS _Pragma("GCC unroll 16")
@@ -133,160 +133,10 @@ struct KeysAndValues {
   }
 };
 
-// ---------------------------------------------------------------------------------------------------------------
-// The kernels, once per vector width (small_head_attention_rows.inl). Each width's namespace defines its vector
-// operations and includes the kernels under a target pragma for its instruction set (GCC's `target`, clang's
-// `attribute push`: the fuzz build uses clang), so that the same source compiles to AVX2 code in one namespace and
-// to AVX-512 code in the other; the CPU decides which runs.
-//
-// exp(x) in both: Cephes' expf (x = n·ln2 + r with |r| ≤ ln2/2, 2^n from the exponent bits, e^r from a degree-7
-// polynomial), within 2 ulp of std::exp. Below -87.3, where float32's exp leaves the normal range, and for -inf it
-// gives 0; NaN stays NaN (min and max return their second operand when one is NaN).
-constexpr float kExpLowest = -87.3f, kExpHighest = 88.3f, kLog2e = 1.44269504088896341f;
-constexpr float kLn2High = 0.693359375f, kLn2Low = -2.12194440e-4f;  // ln2 split so that n·kLn2High is exact
-constexpr float kExpPolynomial[] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
-                                    4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
-
-namespace avx2 {
-#ifdef __clang__
-#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-#endif
-
-using Vec = __m256;
-constexpr int64_t kLanes = 8;
-
-SD_INLINE Vec load(const float* p) { return _mm256_loadu_ps(p); }
-SD_INLINE void store(float* p, Vec x) { _mm256_storeu_ps(p, x); }
-SD_INLINE Vec splat(float x) { return _mm256_set1_ps(x); }
-SD_INLINE Vec zero() { return _mm256_setzero_ps(); }
-SD_INLINE Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
-SD_INLINE Vec sub(Vec a, Vec b) { return _mm256_sub_ps(a, b); }
-SD_INLINE Vec mul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
-SD_INLINE Vec fmadd(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
-SD_INLINE Vec fnmadd(Vec a, Vec b, Vec c) { return _mm256_fnmadd_ps(a, b, c); }
-SD_INLINE Vec max(Vec a, Vec b) { return _mm256_max_ps(a, b); }
-
-SD_INLINE Vec exp(Vec x) {
-  const Vec underflows = _mm256_cmp_ps(x, splat(kExpLowest), _CMP_LT_OQ);
-  x = _mm256_min_ps(splat(kExpHighest), max(splat(kExpLowest), x));
-  const Vec n = _mm256_round_ps(mul(x, splat(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const Vec r = fnmadd(n, splat(kLn2Low), fnmadd(n, splat(kLn2High), x));
-  Vec p = splat(kExpPolynomial[0]);
-  for (int i = 1; i < 6; ++i) p = fmadd(p, r, splat(kExpPolynomial[i]));
-  p = fmadd(p, mul(r, r), add(r, splat(1.f)));
-  const __m256i exponent = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_andnot_ps(underflows, mul(p, _mm256_castsi256_ps(exponent)));
-}
-
-// x rounded to the nearest bf16 (ties to even) and widened back, as storing to bf16 and loading again would.
-SD_INLINE Vec round_to_bf16(Vec x) {
-  const __m256i bits = _mm256_castps_si256(x);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-  const __m256i rounded = _mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF)));
-  return _mm256_castsi256_ps(_mm256_and_si256(rounded, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
-}
-
-SD_INLINE float horizontal_sum(Vec x) {
-  const __m128 pairs = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-  const __m128 twos = _mm_add_ps(pairs, _mm_movehl_ps(pairs, pairs));
-  return _mm_cvtss_f32(_mm_add_ss(twos, _mm_movehdup_ps(twos)));
-}
-
-SD_INLINE float horizontal_max(Vec x) {
-  const __m128 pairs = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-  const __m128 twos = _mm_max_ps(pairs, _mm_movehl_ps(pairs, pairs));
-  return _mm_cvtss_f32(_mm_max_ss(twos, _mm_movehdup_ps(twos)));
-}
-
-SD_INLINE Vec minus_infinity_past(Vec x, int64_t first, int64_t keys) {
-  const Vec lane = add(splat(static_cast<float>(first)), _mm256_setr_ps(0.f, 1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f));
-  return _mm256_blendv_ps(x, splat(-INFINITY), _mm256_cmp_ps(lane, splat(static_cast<float>(keys)), _CMP_GE_OQ));
-}
-
-#include "models/small_head_attention_rows.inl"
-
-#ifdef __clang__
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
-}  // namespace avx2
-
-namespace avx512 {
-#ifdef __clang__
-#pragma clang attribute push(__attribute__((target("avx512f,avx2,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx2,fma")
-// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which it then reports as used uninitialized (GCC bug
-// 105593, fixed in GCC 13): false positives at every inlined intrinsic.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-
-using Vec = __m512;
-constexpr int64_t kLanes = 16;
-
-SD_INLINE Vec load(const float* p) { return _mm512_loadu_ps(p); }
-SD_INLINE void store(float* p, Vec x) { _mm512_storeu_ps(p, x); }
-SD_INLINE Vec splat(float x) { return _mm512_set1_ps(x); }
-SD_INLINE Vec zero() { return _mm512_setzero_ps(); }
-SD_INLINE Vec add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
-SD_INLINE Vec sub(Vec a, Vec b) { return _mm512_sub_ps(a, b); }
-SD_INLINE Vec mul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
-SD_INLINE Vec fmadd(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
-SD_INLINE Vec fnmadd(Vec a, Vec b, Vec c) { return _mm512_fnmadd_ps(a, b, c); }
-SD_INLINE Vec max(Vec a, Vec b) { return _mm512_max_ps(a, b); }
-
-SD_INLINE Vec exp(Vec x) {
-  const __mmask16 underflows = _mm512_cmp_ps_mask(x, splat(kExpLowest), _CMP_LT_OQ);
-  x = _mm512_min_ps(splat(kExpHighest), max(splat(kExpLowest), x));
-  const Vec n = _mm512_roundscale_ps(mul(x, splat(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const Vec r = fnmadd(n, splat(kLn2Low), fnmadd(n, splat(kLn2High), x));
-  Vec p = splat(kExpPolynomial[0]);
-  for (int i = 1; i < 6; ++i) p = fmadd(p, r, splat(kExpPolynomial[i]));
-  p = fmadd(p, mul(r, r), add(r, splat(1.f)));
-  const __m512i exponent = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_maskz_mov_ps(static_cast<__mmask16>(~underflows), mul(p, _mm512_castsi512_ps(exponent)));
-}
-
-SD_INLINE Vec round_to_bf16(Vec x) {
-  const __m512i bits = _mm512_castps_si512(x);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
-  return _mm512_castsi512_ps(_mm512_and_si512(rounded, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
-}
-
-SD_INLINE __m256 upper_half(Vec x) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)); }
-
-// The halves' sum (or maximum), then AVX2's eight lanes: the same association as avx2's on each half.
-SD_INLINE float horizontal_sum(Vec x) {
-  return avx2::horizontal_sum(_mm256_add_ps(_mm512_castps512_ps256(x), upper_half(x)));
-}
-
-SD_INLINE float horizontal_max(Vec x) {
-  return avx2::horizontal_max(_mm256_max_ps(_mm512_castps512_ps256(x), upper_half(x)));
-}
-
-SD_INLINE Vec minus_infinity_past(Vec x, int64_t first, int64_t keys) {
-  const int64_t valid = keys - first;  // < 16 here
-  const __mmask16 padding = static_cast<__mmask16>(valid <= 0 ? 0xFFFF : 0xFFFF << valid);
-  return _mm512_mask_blend_ps(padding, x, splat(-INFINITY));
-}
-
-#include "models/small_head_attention_rows.inl"
-
-#ifdef __clang__
-#pragma clang attribute pop
-#else
-#pragma GCC diagnostic pop
-#pragma GCC pop_options
-#endif
-}  // namespace avx512
+// The kernels, once per vector width (small_head_attention_rows.inl, against core/simd.h's operations): the same
+// source compiles to AVX2 code in one namespace and to AVX-512 code in the other; the CPU decides which runs.
+#define SD_KERNELS "models/small_head_attention_rows.inl"
+#include "core/simd_each_width.inl"
 
 // Calls fn(std::integral_constant<int, D>) for D = d, one of 1 ... kMaxHeadChannels: the row loops unroll over the
 // channels and keep their per-channel sums in registers.
@@ -332,7 +182,7 @@ class SmallHeadAttention : public torch::autograd::Function<SmallHeadAttention> 
     const at::Tensor kept = training && keeps_probabilities(p)
                                 ? at::empty({p.batch * heads, p.queries, p.n}, q.options().dtype(at::kFloat))
                                 : at::Tensor();
-    const bool wide = small_head_attention_vector_bits() == 512;
+    const bool wide = sd::kernel_vector_bits() == 512;
     with_element_type(q.scalar_type(), [&](auto zero) {
       using T = decltype(zero);
       with_head_channels(p.d, [&](auto d) {
@@ -362,7 +212,7 @@ class SmallHeadAttention : public torch::autograd::Function<SmallHeadAttention> 
     const at::Tensor d_out = grad_outputs[0].to(v.scalar_type()).contiguous();
     at::Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
     const auto* row_stats = reinterpret_cast<const RowStats*>(stats.data_ptr<float>());
-    const bool wide = small_head_attention_vector_bits() == 512;
+    const bool wide = sd::kernel_vector_bits() == 512;
     with_element_type(q.scalar_type(), [&](auto zero) {
       using T = decltype(zero);
       const Gradients<T> grads{dq.data_ptr<T>(), dk.data_ptr<T>(), dv.data_ptr<T>()};
@@ -404,25 +254,12 @@ class SmallHeadAttention : public torch::autograd::Function<SmallHeadAttention> 
   }
 };
 
-int widest_vector_bits() { return __builtin_cpu_supports("avx512f") ? 512 : 256; }
-
-std::atomic<int> g_vector_bits{widest_vector_bits()};
-
 }  // namespace
 
-int small_head_attention_vector_bits() { return g_vector_bits.load(); }
-
-void set_small_head_attention_vector_bits(int bits) {
-  SD_CHECK(bits == 256 || (bits == 512 && widest_vector_bits() == 512),
-           "small_head_attention: vector width {} bits: expected 256 or, on a CPU with AVX-512F, 512", bits);
-  g_vector_bits = bits;
-}
-
 bool small_head_attention_fits(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads) {
-  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   const auto dtype = q.scalar_type();
-  return avx2 && q.device().is_cpu() && (dtype == at::kFloat || dtype == at::kBFloat16) && k.scalar_type() == dtype &&
-         v.scalar_type() == dtype && q.dim() == 3 && heads > 0 && q.size(2) % heads == 0 &&
+  return sd::cpu_has_avx2_fma() && q.device().is_cpu() && (dtype == at::kFloat || dtype == at::kBFloat16) &&
+         k.scalar_type() == dtype && v.scalar_type() == dtype && q.dim() == 3 && heads > 0 && q.size(2) % heads == 0 &&
          q.size(2) / heads <= kMaxHeadChannels;
 }
 

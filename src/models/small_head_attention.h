@@ -4,7 +4,8 @@
 // backwards), each writing or reading the whole [B*heads, Lq, Lk] score matrix for only 4-8 multiply-adds per score.
 // bench_attention, 2 threads, batch 2 x 8 heads of 4 over 256 tokens, forward + backward: 1.96 ms plain, 1.39 fused
 // in bf16; 3.61 and 1.63 ms in float32 (docs/benchmarks.md, ninth sitting). On AVX-512 CPUs the kernels run on
-// sixteen floats at a time instead of eight: 1.45 -> 0.94 ms there in float32 (fifteenth sitting).
+// sixteen floats at a time instead of eight (sd::kernel_vector_bits): 1.45 -> 0.94 ms there in float32 (fifteenth
+// sitting).
 //
 // The numbers follow diffusers' AttnProcessor: scores rounded to the inputs' dtype (unless upcast_attention), the
 // softmax in float32 (max, exponentials, times the reciprocal of their sum), the probabilities rounded to v's dtype
@@ -26,10 +27,5 @@ bool small_head_attention_fits(const at::Tensor& q, const at::Tensor& k, const a
 // i attends to keys 0 ... i only, as under CLIP's causal mask (the masked scores' probabilities are exact zeros).
 at::Tensor small_head_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads,
                                 double scale, bool upcast_attention, bool causal = false);
-
-// The widest vectors the kernels use: 512 bits on a CPU with AVX-512F (twice the scores per instruction), else 256
-// (AVX2). Setting 256 runs the AVX2 kernels on any CPU, so that tests check both; 512 needs AVX-512F.
-int small_head_attention_vector_bits();
-void set_small_head_attention_vector_bits(int bits);
 
 }  // namespace sd::models

@@ -1,10 +1,7 @@
-// The row and slice kernels of small_head_attention.cpp, written once against one vector width's operations and
-// included there once per width (AVX2's eight floats, AVX-512's sixteen), each time inside a namespace that defines
-// them and a `#pragma GCC target` that compiles them for that instruction set. Not a header of its own.
-//
-// The operations each width defines: `Vec`, `kLanes`, load, store, splat, zero, add, sub, mul, fmadd, fnmadd, max,
-// exp (within 2 ulp of std::exp, 0 below -87.3, NaN kept), round_to_bf16, horizontal_sum, horizontal_max and
-// minus_infinity_past(x, first, keys) (the lanes of keys first, first + 1, ... at or past `keys` set to -inf).
+// The row and slice kernels of small_head_attention.cpp, written once against one vector width's operations
+// (core/simd.h: `Vec`, `kLanes`, load, store, exp, horizontal_sum, minus_infinity_past, ...) and included there once
+// per width (AVX2's eight floats, AVX-512's sixteen), each time inside that width's target region. Not a header of
+// its own.
 
 // ---------------------------------------------------------------------------------------------------------------
 // One row of one head with D channels. A head's keys and values are held transposed, [channel][key] in float32 with

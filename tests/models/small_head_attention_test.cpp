@@ -18,19 +18,8 @@
 namespace sd::models {
 namespace {
 
-// The vector widths this CPU runs the kernels at: AVX2's 256 bits always, AVX-512's 512 where it has AVX-512F.
-std::vector<int> vector_widths() {
-  const int widest = small_head_attention_vector_bits();
-  return widest == 512 ? std::vector<int>{256, 512} : std::vector<int>{256};
-}
-
-// Runs the kernels at `bits` while alive, then at the width they had.
-struct VectorWidth {
-  const int before = small_head_attention_vector_bits();
-  explicit VectorWidth(int bits) { set_small_head_attention_vector_bits(bits); }
-  ~VectorWidth() { set_small_head_attention_vector_bits(before); }
-};
-
+using sd::test::vector_widths;
+using VectorWidth = sd::test::VectorWidth;
 using Grads = sd::test::AttentionGrads;
 using sd::test::attention_grads;
 using sd::test::merge_heads;
@@ -261,13 +250,6 @@ TEST(SmallHeadAttention, FitsOnlyWhatItComputes) {
   EXPECT_THROW(small_head_attention(x, x, at::randn({1, 6, 64}), 8, 0.5, false), Error);  // v wider than k
   EXPECT_NE(sd::test::error_message([&] { small_head_attention(x, x, x, 1, 0.5, false); }).find("at most 16 channels"),
             std::string::npos);
-  const std::string width_message = sd::test::error_message([] { set_small_head_attention_vector_bits(128); });
-  EXPECT_NE(width_message.find("vector width 128 bits: expected 256 or, on a CPU with AVX-512F, 512"),
-            std::string::npos)
-      << width_message;
-  if (small_head_attention_vector_bits() == 256) {
-    EXPECT_THROW(set_small_head_attention_vector_bits(512), Error);  // a CPU without AVX-512F
-  }
 }
 
 // The Attention module takes the fused kernel for heads of up to 16 channels, and gives diffusers' numbers.
