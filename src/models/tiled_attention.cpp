@@ -1,43 +1,20 @@
 #include "models/tiled_attention.h"
 
-#include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
 
-#include <algorithm>
-
 #include "core/error.h"
-#include "core/parallel.h"
+#include "models/attention_tiles.h"
 #include "perf/op_profiler.h"
 
 namespace sd::models {
 
-int64_t attention_tile_rows(int64_t lq, int64_t lk) {
-  constexpr int64_t kScoreBytesPerTile = 256 << 10;  // 128 KiB to 4 MiB measured alike (bench_attention)
-  const int64_t rows = std::clamp<int64_t>(kScoreBytesPerTile / (4 * std::max<int64_t>(lk, 1)), 16, 512);
-  return std::min(rows, lq);
-}
+// 128 KiB to 4 MiB of scores per tile measured alike (bench_attention); 16 to 512 rows.
+int64_t attention_tile_rows(int64_t lq, int64_t lk) { return tile_rows_for(lq, lk, 16, 512); }
 
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-// The slices one work item reads: query rows [row, row + rows) of batch x head slice `bh`.
-struct Tile {
-  int64_t bh, row, rows;
-};
-
-// Runs fn(tile, thread) for every query tile of every slice, spread over LibTorch's threads.
-template <typename Fn>
-void for_each_tile(int64_t slices, int64_t lq, int64_t tile_rows, const Fn& fn) {
-  const int64_t tiles_per_slice = (lq + tile_rows - 1) / tile_rows;
-  sd::parallel_for(0, slices * tiles_per_slice, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const int64_t bh = i / tiles_per_slice, row = i % tiles_per_slice * tile_rows;
-      fn(Tile{bh, row, std::min(tile_rows, lq - row)}, at::get_thread_num());
-    }
-  });
-}
 
 // Softmax and accumulations run in float32, or float64 for float64 inputs.
 at::ScalarType math_dtype(const at::Tensor& x) { return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }

@@ -1,14 +1,15 @@
 #include "models/wide_head_attention.h"
 
-#include <ATen/Parallel.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
 #include <vector>
 
+#include "core/cpu_features.h"
 #include "core/error.h"
-#include "core/parallel.h"
+#include "core/simd.h"
+#include "models/attention_tiles.h"
 #include "perf/op_profiler.h"
 
 namespace sd::models {
@@ -26,14 +27,10 @@ void gemm(char trans_a, char trans_b, int64_t m, int64_t n, int64_t k, float alp
   SD_CHECK(status == dnnl_success, "wide_head_attention: oneDNN sgemm failed with status {}", static_cast<int>(status));
 }
 
-// Query rows per block: enough for 256 KiB of scores, and from 64 to 256 rows whatever the keys. bench_attention,
-// SD-1.5 and SD-2 shapes: 32 rows are up to 1.5x slower at every size (oneDNN packs the keys for every block), 64
-// rows are best from 1024 keys up (their probabilities and gradients, 2 x 1 MiB at 4096 keys, stay in L2), 128-256
-// rows below that.
-int64_t block_rows(int64_t queries, int64_t keys) {
-  constexpr int64_t kScoreBytes = 256 << 10;
-  return std::min(queries, std::clamp<int64_t>(kScoreBytes / (4 * keys), 64, 256));
-}
+// Query rows per block, for 256 KiB of scores: from 64 to 256 rows whatever the keys. bench_attention, SD-1.5 and
+// SD-2 shapes: 32 rows are up to 1.5x slower at every size (oneDNN packs the keys for every block), 64 rows are best
+// from 1024 keys up (their probabilities and gradients, 2 x 1 MiB at 4096 keys, stay in L2), 128-256 rows below that.
+int64_t block_rows(int64_t queries, int64_t keys) { return tile_rows_for(queries, keys, 64, 256); }
 
 // The shapes of one call: q [batch, queries, heads*d], k and v [batch, keys, heads*d].
 struct Problem {
@@ -42,18 +39,13 @@ struct Problem {
   float scale;
 
   int64_t row_stride() const { return heads * d; }
-  int64_t blocks_per_slice() const { return (queries + block_rows - 1) / block_rows; }
-  int64_t blocks() const { return batch * heads * blocks_per_slice(); }
 };
 
 // Query rows [row, row + rows) of head h of batch entry b.
 struct Block {
   int64_t b, h, row, rows;
 
-  static Block number(const Problem& p, int64_t i) {
-    const int64_t slice = i / p.blocks_per_slice(), row = i % p.blocks_per_slice() * p.block_rows;
-    return {slice / p.heads, slice % p.heads, row, std::min(p.block_rows, p.queries - row)};
-  }
+  static Block of(const Problem& p, const Tile& t) { return {t.bh / p.heads, t.bh % p.heads, t.row, t.rows}; }
   // The block's first element in a [batch, rows_per_entry, heads*d] tensor.
   template <typename T>
   T* rows_of(T* data, const Problem& p, int64_t rows_per_entry, int64_t first_row) const {
@@ -76,12 +68,23 @@ struct Block {
 // Runs fn(block, thread) for every block, spread over LibTorch's threads.
 template <typename Fn>
 void for_each_block(const Problem& p, const Fn& fn) {
-  sd::parallel_for(0, p.blocks(), 1, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) fn(Block::number(p, i), at::get_thread_num());
-  });
+  for_each_tile(p.batch * p.heads, p.queries, p.block_rows,
+                [&](const Tile& t, int thread) { fn(Block::of(p, t), thread); });
 }
 
-at::Tensor matrix(float* data, int64_t rows, int64_t cols) { return at::from_blob(data, {rows, cols}, at::kFloat); }
+// The row softmax forward and backward, once per vector width (wide_head_softmax_rows.inl, against core/simd.h's
+// operations). LibTorch's own softmax kernels take their AVX2 code on AVX-512 CPUs, call Sleef's exp per vector and
+// are dispatched once per block: a fifth of this kernel's time under perf at SD-2's 64x64 self-attention.
+#define SD_KERNELS "models/wide_head_softmax_rows.inl"
+#include "core/simd_each_width.inl"
+
+void softmax_rows(float* x, int64_t rows, int64_t n) {
+  (sd::kernel_vector_bits() == 512 ? avx512::softmax_rows : avx2::softmax_rows)(x, rows, n);
+}
+
+void softmax_backward_rows(float* dp, const float* p, int64_t rows, int64_t n) {
+  (sd::kernel_vector_bits() == 512 ? avx512::softmax_backward_rows : avx2::softmax_backward_rows)(dp, p, rows, n);
+}
 
 // One block: its probabilities softmax(q kᵀ · scale) into `probs` [rows, keys] (the softmax in place over the
 // scores), then its output rows, the probabilities times v, into `out`.
@@ -89,8 +92,7 @@ void forward_block(const Problem& p, const Block& blk, const float* q, const flo
                    float* out) {
   const int64_t ld = p.row_stride();
   gemm('N', 'T', blk.rows, p.keys, p.d, p.scale, blk.queries_of(q, p), ld, blk.keys_of(k, p), ld, 0.f, probs, p.keys);
-  at::Tensor scores = matrix(probs, blk.rows, p.keys);
-  at::_softmax_out(scores, scores, 1, false);
+  softmax_rows(probs, blk.rows, p.keys);
   gemm('N', 'N', blk.rows, p.d, p.keys, 1.f, probs, p.keys, blk.keys_of(v, p), ld, 0.f, blk.queries_of(out, p), ld);
 }
 
@@ -144,9 +146,7 @@ class WideHeadAttention : public torch::autograd::Function<WideHeadAttention> {
       gemm('N', 'T', blk.rows, p.keys, p.d, 1.f, block_d_out, ld, blk.keys_of(v.data_ptr<float>(), p), ld, 0.f,
            block_d_probs, p.keys);
       gemm('T', 'N', p.keys, p.d, blk.rows, 1.f, block_probs, p.keys, block_d_out, ld, 1.f, dv, ld);
-      // softmax's own backward kernel, written over dP: P ∘ (dP − rowsum(P ∘ dP)).
-      at::Tensor d_scores = matrix(block_d_probs, blk.rows, p.keys);
-      at::_softmax_backward_data_out(d_scores, d_scores, matrix(block_probs, blk.rows, p.keys), 1, at::kFloat);
+      softmax_backward_rows(block_d_probs, block_probs, blk.rows, p.keys);  // dS over dP
       gemm('N', 'N', blk.rows, p.d, p.keys, p.scale, block_d_probs, p.keys, blk.keys_of(k.data_ptr<float>(), p), ld,
            0.f, blk.queries_of(dq.data_ptr<float>(), p), ld);
       gemm('T', 'N', p.keys, p.d, blk.rows, p.scale, block_d_probs, p.keys, block_q, ld, 1.f, dk, ld);
@@ -165,8 +165,9 @@ class WideHeadAttention : public torch::autograd::Function<WideHeadAttention> {
 
 bool wide_head_attention_fits(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads) {
   const auto is_input = [](const at::Tensor& x) { return x.dim() == 3 && x.scalar_type() == at::kFloat && x.is_cpu(); };
-  return is_input(q) && is_input(k) && is_input(v) && heads > 0 && q.size(2) % heads == 0 && q.size(2) / heads > 16 &&
-         k.size(2) == q.size(2) && v.sizes() == k.sizes() && k.size(0) == q.size(0) && q.size(1) > 0 && k.size(1) > 0;
+  return sd::cpu_has_avx2_fma() && is_input(q) && is_input(k) && is_input(v) && heads > 0 && q.size(2) % heads == 0 &&
+         q.size(2) / heads > 16 && k.size(2) == q.size(2) && v.sizes() == k.sizes() && k.size(0) == q.size(0) &&
+         q.size(1) > 0 && k.size(1) > 0;
 }
 
 at::Tensor wide_head_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads,

@@ -6,14 +6,17 @@
 //
 // Forward writes each block's probabilities once, into the buffer backward reads them from (what LibTorch's path
 // keeps too); recomputing them instead (models/tiled_attention.h) saves that memory for a third more arithmetic.
-// The products are oneDNN's sgemm, the path every float32 GEMM in sdtrain takes; the softmax is LibTorch's.
+// The products are oneDNN's sgemm, the path every float32 GEMM in sdtrain takes; the softmax is sdtrain's own, in
+// AVX-512 where the CPU has it (LibTorch's softmax kernels run their AVX2 code there): SD-2's 64x64 self-attention
+// 13-15% faster forward + backward, SD-1.5's at 256² 15% (docs/benchmarks.md, eighteenth sitting).
 #pragma once
 #include <ATen/ATen.h>
 
 namespace sd::models {
 
 // Whether wide_head_attention takes these inputs: float32 CPU tensors [B, L, heads*d] with heads of more than 16
-// channels (narrower heads take models/small_head_attention.h) and at least one query and one key.
+// channels (narrower heads take models/small_head_attention.h) and at least one query and one key, on a CPU with
+// AVX2 and FMA.
 bool wide_head_attention_fits(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads);
 
 // softmax(q kᵀ · scale) v per head: q [B, Lq, heads*d], k and v [B, Lk, heads*d] -> [B, Lq, heads*d];

@@ -16,6 +16,8 @@
 namespace sd::models {
 namespace {
 
+using sd::test::vector_widths;
+using VectorWidth = sd::test::VectorWidth;
 using Grads = sd::test::AttentionGrads;
 using sd::test::attention_grads;
 using sd::test::reference_attention;
@@ -25,10 +27,10 @@ using sd::test::describe;
 using sd::test::random_inputs;
 
 // SD-1.5's heads of 40 over more queries than one block holds (blocks of 218 rows at 300 keys: one full, one short),
-// a cross-attention against 77 keys, the VAE's single head of 512 channels, uneven small shapes, and 4100 keys
-// (blocks of the 64-row minimum, the last of 2 rows).
-const std::vector<Case> kCases = {
-    {1, 8, 300, 300, 40}, {2, 2, 70, 77, 24}, {1, 1, 64, 5, 512}, {3, 2, 17, 9, 20}, {1, 1, 130, 4100, 24}};
+// a cross-attention against 77 keys, the VAE's single head of 512 channels, uneven small shapes, 4100 keys (blocks of
+// the 64-row minimum, the last of 2 rows), and 32 keys (whole vectors, no masked tail in the softmax rows).
+const std::vector<Case> kCases = {{1, 8, 300, 300, 40}, {2, 2, 70, 77, 24},    {1, 1, 64, 5, 512},
+                                  {3, 2, 17, 9, 20},    {1, 1, 130, 4100, 24}, {2, 2, 40, 32, 24}};
 
 TEST(WideHeadAttention, GradientsMatchFiniteDifferences) {
   at::manual_seed(3);
@@ -58,13 +60,17 @@ TEST(WideHeadAttention, EqualsDiffusersPathWhateverTheThreads) {
     const Grads reference =
         attention_grads([&](auto& q, auto& k, auto& v) { return reference_attention(q, k, v, c.heads, scale, false); },
                         in.q, in.k, in.v, in.weight);
-    for (int n : {1, 2, 3}) {
-      at::set_num_threads(n);
-      const Grads wide =
-          attention_grads([&](auto& q, auto& k, auto& v) { return wide_head_attention(q, k, v, c.heads, scale); }, in.q,
-                          in.k, in.v, in.weight);
-      // The same products and softmax in other summation orders (blocks, per-thread sums): a few ulps of the largest.
-      EXPECT_TRUE(sd::test::grads_close(wide, reference, 1e-5)) << n << " threads";
+    for (const int bits : vector_widths()) {
+      const VectorWidth width(bits);
+      for (int n : {1, 2, 3}) {
+        at::set_num_threads(n);
+        const Grads wide =
+            attention_grads([&](auto& q, auto& k, auto& v) { return wide_head_attention(q, k, v, c.heads, scale); },
+                            in.q, in.k, in.v, in.weight);
+        // The same products in other summation orders (blocks, per-thread sums), a softmax with its own exp (within
+        // 2 ulp): a few ulps of the largest.
+        EXPECT_TRUE(sd::test::grads_close(wide, reference, 1e-5)) << n << " threads, " << bits << "-bit vectors";
+      }
     }
   }
   at::set_num_threads(threads);
@@ -100,10 +106,13 @@ TEST(WideHeadAttention, NanReachesTheRowsItTouches) {
   const Inputs in = random_inputs(c);
   at::Tensor q = in.q.clone();
   q[0][3][1] = NAN;  // query 3 of head 0
-  const at::Tensor out = wide_head_attention(q, in.k, in.v, c.heads, 0.5);
-  EXPECT_TRUE(at::equal(out.isnan().any(-1)[0], at::arange(6).eq(3)));
-  EXPECT_TRUE(out[0][3].slice(0, 0, 20).isnan().all().item<bool>());    // head 0's channels
-  EXPECT_FALSE(out[0][3].slice(0, 20, 40).isnan().any().item<bool>());  // head 1's
+  for (const int bits : vector_widths()) {
+    const VectorWidth width(bits);
+    const at::Tensor out = wide_head_attention(q, in.k, in.v, c.heads, 0.5);
+    EXPECT_TRUE(at::equal(out.isnan().any(-1)[0], at::arange(6).eq(3))) << bits << "-bit vectors";
+    EXPECT_TRUE(out[0][3].slice(0, 0, 20).isnan().all().item<bool>());    // head 0's channels
+    EXPECT_FALSE(out[0][3].slice(0, 20, 40).isnan().any().item<bool>());  // head 1's
+  }
 }
 
 TEST(WideHeadAttention, FitsOnlyWhatItComputes) {
