@@ -27,6 +27,7 @@ struct Tile {
 // `slices` slices of lq queries, spread over LibTorch's threads.
 template <typename Fn>
 void for_each_tile(int64_t slices, int64_t lq, int64_t tile_rows, const Fn& fn) {
+  if (lq == 0) return;  // no tiles (and tile_rows_for gives 0 rows)
   const int64_t tiles_per_slice = (lq + tile_rows - 1) / tile_rows;
   sd::parallel_for(0, slices * tiles_per_slice, 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {

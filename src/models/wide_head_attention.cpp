@@ -146,7 +146,8 @@ class WideHeadAttention : public torch::autograd::Function<WideHeadAttention> {
       gemm('N', 'T', blk.rows, p.keys, p.d, 1.f, block_d_out, ld, blk.keys_of(v.data_ptr<float>(), p), ld, 0.f,
            block_d_probs, p.keys);
       gemm('T', 'N', p.keys, p.d, blk.rows, 1.f, block_probs, p.keys, block_d_out, ld, 1.f, dv, ld);
-      softmax_backward_rows(block_d_probs, block_probs, blk.rows, p.keys);  // dS over dP
+      // softmax's backward, written over dP: dS = P ∘ (dP − rowsum(P ∘ dP)).
+      softmax_backward_rows(block_d_probs, block_probs, blk.rows, p.keys);
       gemm('N', 'N', blk.rows, p.d, p.keys, p.scale, block_d_probs, p.keys, blk.keys_of(k.data_ptr<float>(), p), ld,
            0.f, blk.queries_of(dq.data_ptr<float>(), p), ld);
       gemm('T', 'N', p.keys, p.d, blk.rows, p.scale, block_d_probs, p.keys, block_q, ld, 1.f, dk, ld);
@@ -174,7 +175,7 @@ at::Tensor wide_head_attention(const at::Tensor& q, const at::Tensor& k, const a
                                double scale) {
   SD_CHECK(wide_head_attention_fits(q, k, v, heads),
            "wide_head_attention: expected float32 q [B, Lq, heads*d], k and v [B, Lk, heads*d] with {} heads of more "
-           "than 16 channels, got [{}], [{}], [{}]",
+           "than 16 channels on a CPU with AVX2 and FMA, got [{}], [{}], [{}]",
            heads, fmt::join(q.sizes(), ", "), fmt::join(k.sizes(), ", "), fmt::join(v.sizes(), ", "));
   // The probabilities are kept only for a backward that will run.
   const bool keep = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());

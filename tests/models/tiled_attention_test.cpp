@@ -111,5 +111,16 @@ TEST(TiledAttention, Bf16KeepsItsDtypeAndUpcastScoresAreCloser) {
   }
 }
 
+// No queries give an empty output and empty gradients (no tiles to walk: the tile rows would be 0).
+TEST(TiledAttention, NoQueriesGiveEmptyResults) {
+  const at::Tensor q = at::randn({2, 0, 8}), k = at::randn({2, 5, 8}), v = at::randn({2, 5, 3});
+  const Grads grads = attention_grads([](auto& a, auto& b, auto& c) { return tiled_attention(a, b, c, 0.5, false); }, q,
+                                      k, v, at::randn({2, 0, 3}));
+  EXPECT_EQ(grads.out.sizes(), at::IntArrayRef({2, 0, 3}));
+  EXPECT_EQ(grads.dq.sizes(), q.sizes());
+  EXPECT_TRUE(at::equal(grads.dk, at::zeros_like(k)));
+  EXPECT_TRUE(at::equal(grads.dv, at::zeros_like(v)));
+}
+
 }  // namespace
 }  // namespace sd::models
