@@ -101,6 +101,22 @@ AttentionGrads numeric_attention_grads(const Loss& loss, const at::Tensor& q, co
   return numeric;
 }
 
+// Expects a float32 kernel's gradients of sum(attention(q, k, v) * weight) to match central differences. The kernel
+// computes in float32, so the step (1e-2) trades truncation (~h²) against rounding (~1e-7 · |loss| / h).
+template <typename Fn>
+void expect_float32_gradients_match_finite_differences(const Fn& attention, const AttentionInputs& in) {
+  const AttentionGrads analytic = attention_grads(attention, in.q, in.k, in.v, in.weight);
+  auto loss = [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+    at::NoGradGuard no_grad;
+    const at::Tensor out = attention(q, k, v);
+    return (out.to(at::kDouble) * in.weight.to(at::kDouble)).sum().item<double>();
+  };
+  const AttentionGrads numeric = numeric_attention_grads(loss, in.q, in.k, in.v, /*h=*/1e-2);
+  EXPECT_TRUE(close_rel_max(analytic.dq, numeric.dq, 2e-3));
+  EXPECT_TRUE(close_rel_max(analytic.dk, numeric.dk, 2e-3));
+  EXPECT_TRUE(close_rel_max(analytic.dv, numeric.dv, 2e-3));
+}
+
 // close_rel_max for the output and each gradient.
 inline ::testing::AssertionResult grads_close(const AttentionGrads& actual, const AttentionGrads& expected,
                                               double tol) {

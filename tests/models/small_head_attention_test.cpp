@@ -42,18 +42,8 @@ TEST(SmallHeadAttention, GradientsMatchFiniteDifferences) {
     at::manual_seed(3);
     const Case c{2, 2, 7, 11, 3};
     const Inputs in = random_inputs(c, at::kFloat);
-    const double scale = 0.6;
-    auto fused = [&](auto& q, auto& k, auto& v) { return small_head_attention(q, k, v, c.heads, scale, false); };
-    const Grads analytic = attention_grads(fused, in.q, in.k, in.v, in.weight);
-    auto loss = [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-      torch::NoGradGuard no_grad;
-      return (fused(q, k, v).to(at::kDouble) * in.weight.to(at::kDouble)).sum().item<double>();
-    };
-    // The kernel computes in float32, so the step trades truncation (~h²) against rounding (~1e-7 · |loss| / h).
-    const Grads numeric = sd::test::numeric_attention_grads(loss, in.q, in.k, in.v, /*h=*/1e-2);
-    EXPECT_TRUE(sd::test::close_rel_max(analytic.dq, numeric.dq, 2e-3));
-    EXPECT_TRUE(sd::test::close_rel_max(analytic.dk, numeric.dk, 2e-3));
-    EXPECT_TRUE(sd::test::close_rel_max(analytic.dv, numeric.dv, 2e-3));
+    sd::test::expect_float32_gradients_match_finite_differences(
+        [&](auto& q, auto& k, auto& v) { return small_head_attention(q, k, v, c.heads, /*scale=*/0.6, false); }, in);
   }
 }
 

@@ -33,24 +33,18 @@ const std::vector<Case> kCases = {{1, 8, 300, 300, 40}, {2, 2, 70, 77, 24},    {
                                   {3, 2, 17, 9, 20},    {1, 1, 130, 4100, 24}, {2, 2, 40, 32, 24}};
 
 TEST(WideHeadAttention, GradientsMatchFiniteDifferences) {
-  at::manual_seed(3);
-  const Case c{2, 2, 7, 11, 17};
-  const Inputs in = random_inputs(c);
-  const double scale = 0.3;
-  auto wide = [&](auto& q, auto& k, auto& v) { return wide_head_attention(q, k, v, c.heads, scale); };
-  const Grads analytic = attention_grads(wide, in.q, in.k, in.v, in.weight);
-  auto loss = [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-    torch::NoGradGuard no_grad;
-    return (wide(q, k, v).to(at::kDouble) * in.weight.to(at::kDouble)).sum().item<double>();
-  };
-  // The kernel computes in float32, so the step trades truncation (~h²) against rounding (~1e-7 · |loss| / h).
-  const Grads numeric = sd::test::numeric_attention_grads(loss, in.q, in.k, in.v, /*h=*/1e-2);
-  EXPECT_TRUE(sd::test::close_rel_max(analytic.dq, numeric.dq, 2e-3));
-  EXPECT_TRUE(sd::test::close_rel_max(analytic.dk, numeric.dk, 2e-3));
-  EXPECT_TRUE(sd::test::close_rel_max(analytic.dv, numeric.dv, 2e-3));
+  for (const int bits : vector_widths()) {
+    SCOPED_TRACE(::testing::Message() << bits << "-bit vectors");
+    const VectorWidth width(bits);
+    at::manual_seed(3);
+    const Case c{2, 2, 7, 11, 17};
+    sd::test::expect_float32_gradients_match_finite_differences(
+        [&](auto& q, auto& k, auto& v) { return wide_head_attention(q, k, v, c.heads, /*scale=*/0.3); },
+        random_inputs(c));
+  }
 }
 
-TEST(WideHeadAttention, EqualsDiffusersPathWhateverTheThreads) {
+TEST(WideHeadAttention, EqualsDiffusersPathWhateverTheThreadsAndVectorWidth) {
   const int threads = at::get_num_threads();
   for (const Case& c : kCases) {
     SCOPED_TRACE(describe(c));
