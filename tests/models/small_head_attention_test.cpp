@@ -18,17 +18,11 @@
 namespace sd::models {
 namespace {
 
-using sd::test::vector_widths;
-using VectorWidth = sd::test::VectorWidth;
-using Grads = sd::test::AttentionGrads;
-using sd::test::attention_grads;
-using sd::test::merge_heads;
-using sd::test::reference_attention;
-using sd::test::split_heads;
-using Case = sd::test::AttentionCase;
-using Inputs = sd::test::AttentionInputs;
-using sd::test::describe;
-using sd::test::random_inputs;
+// The attention kernels' test helpers (attention_test_util.h).
+using namespace sd::test;
+using Case = AttentionCase;
+using Inputs = AttentionInputs;
+using Grads = AttentionGrads;
 
 // tiny-sd1's self- and cross-attention (8 heads of 4 over 256 tokens, 8 of 8 against 77 text tokens), keys fewer
 // than a vector and not a multiple of one, heads of 1, 6 and 16 channels.
@@ -42,7 +36,7 @@ TEST(SmallHeadAttention, GradientsMatchFiniteDifferences) {
     at::manual_seed(3);
     const Case c{2, 2, 7, 11, 3};
     const Inputs in = random_inputs(c, at::kFloat);
-    sd::test::expect_float32_gradients_match_finite_differences(
+    expect_float32_gradients_match_finite_differences(
         [&](auto& q, auto& k, auto& v) { return small_head_attention(q, k, v, c.heads, /*scale=*/0.6, false); }, in);
   }
 }
@@ -65,7 +59,7 @@ TEST(SmallHeadAttention, EqualsDiffusersPathInFloat32WhateverTheThreadsAndVector
             [&](auto& q, auto& k, auto& v) { return small_head_attention(q, k, v, c.heads, scale, false); }, in.q, in.k,
             in.v, in.weight);
         // Different summation orders and a polynomial exp (≤ 2 ulp): a few ulps of the largest value.
-        EXPECT_TRUE(sd::test::grads_close(fused, reference, 1e-5)) << n << " threads, " << bits << "-bit vectors";
+        EXPECT_TRUE(grads_close(fused, reference, 1e-5)) << n << " threads, " << bits << "-bit vectors";
       }
     }
   }
@@ -97,13 +91,12 @@ TEST(SmallHeadAttention, Bf16RoundsLikeDiffusersForwardAndBackwardIsNoWorse) {
             in.k, in.v, in.weight);
         EXPECT_EQ(fused.out.scalar_type(), at::kBFloat16);
         EXPECT_EQ(fused.dq.scalar_type(), at::kBFloat16);
-        EXPECT_TRUE(sd::test::close_rel_max(fused.out, reference.out, 1.0 / 64));
+        EXPECT_TRUE(close_rel_max(fused.out, reference.out, 1.0 / 64));
         const std::vector<std::pair<at::Tensor, at::Tensor>> grads = {
             {fused.dq, reference.dq}, {fused.dk, reference.dk}, {fused.dv, reference.dv}};
         const std::vector<at::Tensor> true_grads = {truth.dq, truth.dk, truth.dv};
         for (size_t g = 0; g < grads.size(); ++g)
-          EXPECT_LE(sd::test::rel_l2(grads[g].first, true_grads[g]),
-                    1.05 * sd::test::rel_l2(grads[g].second, true_grads[g]) + 1e-3)
+          EXPECT_LE(rel_l2(grads[g].first, true_grads[g]), 1.05 * rel_l2(grads[g].second, true_grads[g]) + 1e-3)
               << "gradient " << g;
       }
     }
@@ -144,13 +137,13 @@ TEST(SmallHeadAttention, CausalEqualsTheMaskedReference) {
             [&](auto& q, auto& k, auto& v) { return small_head_attention(q, k, v, c.heads, scale, false, true); }, in.q,
             in.k, in.v, in.weight);
         if (dtype == at::kFloat) {
-          EXPECT_TRUE(sd::test::grads_close(fused, expected, 1e-5));
+          EXPECT_TRUE(grads_close(fused, expected, 1e-5));
           continue;
         }
-        EXPECT_TRUE(sd::test::close_rel_max(fused.out, expected.out, 1.0 / 64));
-        EXPECT_LE(sd::test::rel_l2(fused.dq, truth.dq), 1.05 * sd::test::rel_l2(expected.dq, truth.dq) + 1e-3);
-        EXPECT_LE(sd::test::rel_l2(fused.dk, truth.dk), 1.05 * sd::test::rel_l2(expected.dk, truth.dk) + 1e-3);
-        EXPECT_LE(sd::test::rel_l2(fused.dv, truth.dv), 1.05 * sd::test::rel_l2(expected.dv, truth.dv) + 1e-3);
+        EXPECT_TRUE(close_rel_max(fused.out, expected.out, 1.0 / 64));
+        EXPECT_LE(rel_l2(fused.dq, truth.dq), 1.05 * rel_l2(expected.dq, truth.dq) + 1e-3);
+        EXPECT_LE(rel_l2(fused.dk, truth.dk), 1.05 * rel_l2(expected.dk, truth.dk) + 1e-3);
+        EXPECT_LE(rel_l2(fused.dv, truth.dv), 1.05 * rel_l2(expected.dv, truth.dv) + 1e-3);
       }
     }
   }
@@ -195,8 +188,8 @@ TEST(SmallHeadAttention, RecomputedProbabilitiesGiveTheKeptOnesGradients) {
       EXPECT_TRUE(at::equal(whole.out, at::cat({halves[0].out, halves[1].out}, 1)));
       EXPECT_TRUE(at::equal(whole.dq, at::cat({halves[0].dq, halves[1].dq}, 1)));
       const double tol = dtype == at::kFloat ? 1e-5 : 2e-2;
-      EXPECT_TRUE(sd::test::close_rel_max(whole.dk, halves[0].dk.to(at::kFloat) + halves[1].dk.to(at::kFloat), tol));
-      EXPECT_TRUE(sd::test::close_rel_max(whole.dv, halves[0].dv.to(at::kFloat) + halves[1].dv.to(at::kFloat), tol));
+      EXPECT_TRUE(close_rel_max(whole.dk, halves[0].dk.to(at::kFloat) + halves[1].dk.to(at::kFloat), tol));
+      EXPECT_TRUE(close_rel_max(whole.dv, halves[0].dv.to(at::kFloat) + halves[1].dv.to(at::kFloat), tol));
     }
   }
 }
@@ -233,12 +226,10 @@ TEST(SmallHeadAttention, FitsOnlyWhatItComputes) {
   EXPECT_FALSE(small_head_attention_fits(x.to(at::kDouble), x.to(at::kDouble), x.to(at::kDouble), 8));
   EXPECT_FALSE(small_head_attention_fits(x, x.to(at::kBFloat16), x, 8));  // mixed dtypes
   EXPECT_FALSE(small_head_attention_fits(x.view({6, 32}), x, x, 8));      // not [B, L, C]
-  const std::string message = sd::test::error_message([&] {
-    small_head_attention(x, at::randn({1, 5, 32}), x, 8, 0.5, false);
-  });
+  const std::string message = error_message([&] { small_head_attention(x, at::randn({1, 5, 32}), x, 8, 0.5, false); });
   EXPECT_NE(message.find("expected q [B, Lq, C], k and v [B, Lk, C]"), std::string::npos) << message;
   EXPECT_THROW(small_head_attention(x, x, at::randn({1, 6, 64}), 8, 0.5, false), Error);  // v wider than k
-  EXPECT_NE(sd::test::error_message([&] { small_head_attention(x, x, x, 1, 0.5, false); }).find("at most 16 channels"),
+  EXPECT_NE(error_message([&] { small_head_attention(x, x, x, 1, 0.5, false); }).find("at most 16 channels"),
             std::string::npos);
 }
 
@@ -255,14 +246,14 @@ TEST(SmallHeadAttention, AttentionModuleTakesItForSmallHeadsOnly) {
     Attention attention(o);
     const at::Tensor hidden = at::randn({2, 32, 4, 5}), context = at::randn({2, 7, 24});
     const at::Tensor out = attention->forward(hidden, context);
-    EXPECT_EQ(sd::test::graph_has_node(out, "SmallHeadAttention"), dim_head == 4);
+    EXPECT_EQ(graph_has_node(out, "SmallHeadAttention"), dim_head == 4);
     const at::Tensor h = hidden.flatten(2).transpose(1, 2);
     const at::Tensor heads_out =
         reference_attention(attention->to_q->forward(h), attention->to_k->forward(context),
                             attention->to_v->forward(context), 8, 1.0 / std::sqrt(dim_head), false);
     const at::Tensor expected =
         attention->to_out[0]->as<LinearImpl>()->forward(heads_out).transpose(1, 2).reshape({2, 32, 4, 5});
-    EXPECT_TRUE(sd::test::close_rel_max(out, expected, 1e-5));
+    EXPECT_TRUE(close_rel_max(out, expected, 1e-5));
   }
 }
 

@@ -16,15 +16,11 @@
 namespace sd::models {
 namespace {
 
-using sd::test::vector_widths;
-using VectorWidth = sd::test::VectorWidth;
-using Grads = sd::test::AttentionGrads;
-using sd::test::attention_grads;
-using sd::test::reference_attention;
-using Case = sd::test::AttentionCase;
-using Inputs = sd::test::AttentionInputs;
-using sd::test::describe;
-using sd::test::random_inputs;
+// The attention kernels' test helpers (attention_test_util.h).
+using namespace sd::test;
+using Case = AttentionCase;
+using Inputs = AttentionInputs;
+using Grads = AttentionGrads;
 
 // SD-1.5's heads of 40 over more queries than one block holds (blocks of 218 rows at 300 keys: one full, one short),
 // a cross-attention against 77 keys, the VAE's single head of 512 channels, uneven small shapes, 4100 keys (blocks of
@@ -38,7 +34,7 @@ TEST(WideHeadAttention, GradientsMatchFiniteDifferences) {
     const VectorWidth width(bits);
     at::manual_seed(3);
     const Case c{2, 2, 7, 11, 17};
-    sd::test::expect_float32_gradients_match_finite_differences(
+    expect_float32_gradients_match_finite_differences(
         [&](auto& q, auto& k, auto& v) { return wide_head_attention(q, k, v, c.heads, /*scale=*/0.3); },
         random_inputs(c));
   }
@@ -63,7 +59,7 @@ TEST(WideHeadAttention, EqualsDiffusersPathWhateverTheThreadsAndVectorWidth) {
                             in.q, in.k, in.v, in.weight);
         // The same products in other summation orders (blocks, per-thread sums), a softmax with its own exp (within
         // 2 ulp): a few ulps of the largest.
-        EXPECT_TRUE(sd::test::grads_close(wide, reference, 1e-5)) << n << " threads, " << bits << "-bit vectors";
+        EXPECT_TRUE(grads_close(wide, reference, 1e-5)) << n << " threads, " << bits << "-bit vectors";
       }
     }
   }
@@ -122,7 +118,7 @@ TEST(WideHeadAttention, FitsOnlyWhatItComputes) {
   EXPECT_FALSE(wide_head_attention_fits(x, x, at::randn({1, 5, 80}), 2));                      // v's keys differ
   EXPECT_FALSE(wide_head_attention_fits(x, at::randn({1, 0, 80}), at::randn({1, 0, 80}), 2));  // no keys
   EXPECT_FALSE(wide_head_attention_fits(at::randn({1, 0, 80}), x, x, 2));                      // no queries
-  const std::string message = sd::test::error_message([&] {
+  const std::string message = error_message([&] {
     wide_head_attention(x, at::randn({1, 5, 40}), at::randn({1, 5, 40}), 2, 0.5);
   });
   EXPECT_NE(message.find("expected float32 q [B, Lq, heads*d], k and v [B, Lk, heads*d] with 2 heads of more than 16 "
@@ -147,17 +143,17 @@ TEST(WideHeadAttention, AttentionModuleTakesItUnlessTrainingMemoryEfficiently) {
     attention->set_memory_efficient(memory_efficient);
     const at::Tensor hidden = at::randn({2, 32, 4, 5}), context = at::randn({2, 7, 24});
     const at::Tensor out = attention->forward(hidden, context);
-    EXPECT_EQ(sd::test::graph_has_node(out, "WideHeadAttention"), !memory_efficient);
-    EXPECT_EQ(sd::test::graph_has_node(out, "TiledAttention"), memory_efficient);
+    EXPECT_EQ(graph_has_node(out, "WideHeadAttention"), !memory_efficient);
+    EXPECT_EQ(graph_has_node(out, "TiledAttention"), memory_efficient);
     const at::Tensor h = hidden.flatten(2).transpose(1, 2);
     const at::Tensor heads_out =
         reference_attention(attention->to_q->forward(h), attention->to_k->forward(context),
                             attention->to_v->forward(context), 2, 1.0 / std::sqrt(40.0), false);
     const at::Tensor expected =
         attention->to_out[0]->as<LinearImpl>()->forward(heads_out).transpose(1, 2).reshape({2, 32, 4, 5});
-    EXPECT_TRUE(sd::test::close_rel_max(out, expected, 1e-5));
+    EXPECT_TRUE(close_rel_max(out, expected, 1e-5));
     torch::NoGradGuard no_grad;
-    EXPECT_TRUE(sd::test::close_rel_max(attention->forward(hidden, context), expected, 1e-5));
+    EXPECT_TRUE(close_rel_max(attention->forward(hidden, context), expected, 1e-5));
   }
 }
 
