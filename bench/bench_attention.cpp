@@ -4,8 +4,8 @@
 // JSON line per case and path.
 //   bench_attention [--threads N] [--dtype float32|bf16] [--cases SUBSTRING] [--path PREFIX] [--repeats N]
 // Paths: plain, tiled, small_head_256 and wide_head_256 (AVX2) and, on a CPU with AVX-512F, small_head_512 and
-// wide_head_512; --path takes those that start with PREFIX (small_head: both widths). --repeats: timed runs per case, 5
-// by default; more for a profiler.
+// wide_head_512; --path takes those that start with PREFIX (small_head or wide_head: both widths). --repeats: timed
+// runs per case, 5 by default; more for a profiler.
 #include <torch/csrc/autograd/autograd.h>
 
 #include <cstdio>
