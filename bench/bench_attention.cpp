@@ -3,9 +3,10 @@
 // heads models/wide_head_attention.h; forward alone and forward + backward, with what each keeps for backward. One
 // JSON line per case and path.
 //   bench_attention [--threads N] [--dtype float32|bf16] [--cases SUBSTRING] [--path PREFIX] [--repeats N]
-// Paths: plain, tiled, small_head_256 and wide_head_256 (AVX2) and, on a CPU with AVX-512F, small_head_512 and
-// wide_head_512; --path takes those that start with PREFIX (small_head or wide_head: both widths). --repeats: timed
-// runs per case, 5 by default; more for a profiler.
+// Paths: plain, tiled, small_head_256, wide_head_256 and wide_recompute_256 (AVX2) and, on a CPU with AVX-512F, the
+// same at 512; --path takes those that start with PREFIX (small_head, wide_head or wide_recompute: both widths).
+// wide_recompute is wide_head as memory-efficient training runs it, recomputing the probabilities in backward.
+// --repeats: timed runs per case, 5 by default; more for a profiler.
 #include <torch/csrc/autograd/autograd.h>
 
 #include <cstdio>
@@ -94,10 +95,14 @@ int main(int argc, char** argv) {
       add_at_each_width("small_head", [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double s) {
         return sd::models::small_head_attention(q, k, v, 1, s, false);
       });
-    if (sd::models::wide_head_attention_fits(q, k, v, 1))
+    if (sd::models::wide_head_attention_fits(q, k, v, 1)) {
       add_at_each_width("wide_head", [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double s) {
         return sd::models::wide_head_attention(q, k, v, 1, s);
       });
+      add_at_each_width("wide_recompute", [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double s) {
+        return sd::models::wide_head_attention(q, k, v, 1, s, /*keep_probabilities=*/false);
+      });
+    }
     for (const auto& [path, fn] : paths) {
       if (path.rfind(only_path, 0) != 0) continue;
       const auto forward = sd::bench::time_it(
@@ -114,13 +119,14 @@ int main(int argc, char** argv) {
           },
           1, repeats);
       // small_head keeps each query row's maximum and sum (8 bytes per row), and up to 2^22 float32 probabilities
-      // over the keys padded to whole vectors of 16.
+      // over the keys padded to whole vectors of 16; wide_recompute only the rows' maximum and sum.
       const int64_t padded_scores = c.slices * c.lq * ((c.lk + 15) / 16 * 16);
       const int64_t kept = path == "plain" || path.rfind("wide_head", 0) == 0
                                ? c.slices * c.lq * c.lk * static_cast<int64_t>(v.element_size())
                            : path.rfind("small_head", 0) == 0
                                ? c.slices * c.lq * 8 + (padded_scores <= (int64_t{1} << 22) ? 4 * padded_scores : 0)
-                               : 0;
+                           : path.rfind("wide_recompute", 0) == 0 ? c.slices * c.lq * 8
+                                                                  : 0;
       const nlohmann::json line = {{"case", c.name},
                                    {"path", path},
                                    {"dtype", c10::toString(dtype)},

@@ -32,6 +32,12 @@ void gemm(char trans_a, char trans_b, int64_t m, int64_t n, int64_t k, float alp
 // from 1024 keys up (their probabilities and gradients, 2 x 1 MiB at 4096 keys, stay in L2), 128-256 rows below that.
 int64_t block_rows(int64_t queries, int64_t keys) { return tile_rows_for(queries, keys, 64, 256); }
 
+// What backward needs to recompute a row's probabilities from its scores: the row's largest score and the
+// reciprocal of Σ exp(score - max).
+struct RowStats {
+  float max, inverse_sum;
+};
+
 // The shapes of one call: q [batch, queries, heads*d], k and v [batch, keys, heads*d].
 struct Problem {
   int64_t batch, heads, queries, keys, d;
@@ -63,6 +69,10 @@ struct Block {
   float* probabilities_of(float* data, const Problem& p) const {
     return data + ((b * p.heads + h) * p.queries + row) * p.keys;
   }
+  // The block's row statistics in a [batch*heads, queries, 2] buffer.
+  RowStats* row_stats_of(float* data, const Problem& p) const {
+    return reinterpret_cast<RowStats*>(data) + (b * p.heads + h) * p.queries + row;
+  }
 };
 
 // Runs fn(block, thread) for every block, spread over LibTorch's threads.
@@ -78,45 +88,67 @@ void for_each_block(const Problem& p, const Fn& fn) {
 #define SD_KERNELS "models/wide_head_softmax_rows.inl"
 #include "core/simd_each_width.inl"
 
-void softmax_rows(float* x, int64_t rows, int64_t n) {
-  (sd::kernel_vector_bits() == 512 ? avx512::softmax_rows : avx2::softmax_rows)(x, rows, n);
+void softmax_rows(float* x, int64_t rows, int64_t n, RowStats* stats) {
+  (sd::kernel_vector_bits() == 512 ? avx512::softmax_rows : avx2::softmax_rows)(x, rows, n, stats);
+}
+
+void probabilities_rows(float* x, const RowStats* stats, int64_t rows, int64_t n) {
+  (sd::kernel_vector_bits() == 512 ? avx512::probabilities_rows : avx2::probabilities_rows)(x, stats, rows, n);
 }
 
 void softmax_backward_rows(float* dp, const float* p, int64_t rows, int64_t n) {
   (sd::kernel_vector_bits() == 512 ? avx512::softmax_backward_rows : avx2::softmax_backward_rows)(dp, p, rows, n);
 }
 
-// One block: its probabilities softmax(q kᵀ · scale) into `probs` [rows, keys] (the softmax in place over the
-// scores), then its output rows, the probabilities times v, into `out`.
-void forward_block(const Problem& p, const Block& blk, const float* q, const float* k, const float* v, float* probs,
-                   float* out) {
+// A block's scores q kᵀ · scale into `scores` [rows, keys].
+void block_scores(const Problem& p, const Block& blk, const float* q, const float* k, float* scores) {
   const int64_t ld = p.row_stride();
-  gemm('N', 'T', blk.rows, p.keys, p.d, p.scale, blk.queries_of(q, p), ld, blk.keys_of(k, p), ld, 0.f, probs, p.keys);
-  softmax_rows(probs, blk.rows, p.keys);
+  gemm('N', 'T', blk.rows, p.keys, p.d, p.scale, blk.queries_of(q, p), ld, blk.keys_of(k, p), ld, 0.f, scores, p.keys);
+}
+
+// One block: its probabilities softmax(q kᵀ · scale) into `probs` [rows, keys] (the softmax in place over the
+// scores), their rows' statistics into `stats` (or not, if null), then its output rows, the probabilities times v,
+// into `out`.
+void forward_block(const Problem& p, const Block& blk, const float* q, const float* k, const float* v, float* probs,
+                   RowStats* stats, float* out) {
+  const int64_t ld = p.row_stride();
+  block_scores(p, blk, q, k, probs);
+  softmax_rows(probs, blk.rows, p.keys, stats);
   gemm('N', 'N', blk.rows, p.d, p.keys, 1.f, probs, p.keys, blk.keys_of(v, p), ld, 0.f, blk.queries_of(out, p), ld);
 }
+
+// What forward keeps for backward besides q, k and v.
+enum class Kept {
+  kProbabilities,  // every block's probabilities [batch*heads, queries, keys]
+  kRowStats,       // each query row's RowStats: backward recomputes the probabilities (memory-efficient training)
+  kNothing,        // no backward will run
+};
 
 class WideHeadAttention : public torch::autograd::Function<WideHeadAttention> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q_in, const at::Tensor& k_in,
-                            const at::Tensor& v_in, int64_t heads, double scale, bool keep) {
+                            const at::Tensor& v_in, int64_t heads, double scale, int64_t kept_code) {
     RECORD_USER_SCOPE_WITH_INPUTS("sdtrain::attention", std::vector<c10::IValue>({q_in, k_in, v_in}));
+    const Kept kept = static_cast<Kept>(kept_code);
     const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
     const Problem p = problem_of(q, k, heads, scale);
     at::Tensor out = at::empty(q.sizes(), q.options());
-    // Training keeps every block's probabilities for backward; inference reuses one block buffer per thread.
-    at::Tensor probs = keep ? at::empty({p.batch * heads, p.queries, p.keys}, q.options())
-                            : at::empty({at::get_num_threads(), p.block_rows, p.keys}, q.options());
+    // Kept probabilities are written in place; otherwise each thread reuses one block buffer.
+    at::Tensor probs = kept == Kept::kProbabilities ? at::empty({p.batch * heads, p.queries, p.keys}, q.options())
+                                                    : block_buffers(p, q.options());
+    at::Tensor stats = kept == Kept::kRowStats ? at::empty({p.batch * heads, p.queries, 2}, q.options()) : at::Tensor();
     for_each_block(p, [&](const Block& blk, int thread) {
-      float* block_probs = keep ? blk.probabilities_of(probs.data_ptr<float>(), p)
-                                : probs.data_ptr<float>() + thread * p.block_rows * p.keys;
-      forward_block(p, blk, q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), block_probs,
+      float* block_probs = kept == Kept::kProbabilities ? blk.probabilities_of(probs.data_ptr<float>(), p)
+                                                        : probs.data_ptr<float>() + thread * p.block_rows * p.keys;
+      RowStats* block_stats = stats.defined() ? blk.row_stats_of(stats.data_ptr<float>(), p) : nullptr;
+      forward_block(p, blk, q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), block_probs, block_stats,
                     out.data_ptr<float>());
     });
-    if (keep) {
-      ctx->save_for_backward({q, k, v, probs});
+    if (kept != Kept::kNothing) {
+      ctx->save_for_backward({q, k, v, kept == Kept::kProbabilities ? probs : stats});
       ctx->saved_data["heads"] = heads;
       ctx->saved_data["scale"] = scale;
+      ctx->saved_data["kept"] = kept_code;
     }
     return out;
   }
@@ -127,7 +159,8 @@ class WideHeadAttention : public torch::autograd::Function<WideHeadAttention> {
   // so the result does not depend on timing.
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const auto saved = ctx->get_saved_variables();
-    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &probs = saved[3];
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2];
+    const bool recompute = static_cast<Kept>(ctx->saved_data["kept"].toInt()) == Kept::kRowStats;
     RECORD_USER_SCOPE_WITH_INPUTS("sdtrain::attention_backward", std::vector<c10::IValue>({q, k, v}));
     const Problem p = problem_of(q, k, ctx->saved_data["heads"].toInt(), ctx->saved_data["scale"].toDouble());
     const at::Tensor d_out = grad_outputs[0].contiguous();
@@ -135,11 +168,17 @@ class WideHeadAttention : public torch::autograd::Function<WideHeadAttention> {
     at::Tensor dq = at::empty(q.sizes(), q.options());
     at::Tensor dk_parts = at::zeros({threads, p.batch, p.keys, ld}, k.options());
     at::Tensor dv_parts = at::zeros({threads, p.batch, p.keys, ld}, v.options());
-    at::Tensor d_probs = at::empty({threads, p.block_rows, p.keys}, q.options());
+    at::Tensor d_probs = block_buffers(p, q.options());
+    const at::Tensor probs = recompute ? block_buffers(p, q.options()) : saved[3];
     for_each_block(p, [&](const Block& blk, int thread) {
       const float* block_d_out = blk.queries_of(d_out.data_ptr<float>(), p);
       const float* block_q = blk.queries_of(q.data_ptr<float>(), p);
-      float* block_probs = blk.probabilities_of(probs.data_ptr<float>(), p);
+      float* block_probs = recompute ? probs.data_ptr<float>() + thread * p.block_rows * p.keys
+                                     : blk.probabilities_of(probs.data_ptr<float>(), p);
+      if (recompute) {  // forward's scores and softmax again, to the bit
+        block_scores(p, blk, q.data_ptr<float>(), k.data_ptr<float>(), block_probs);
+        probabilities_rows(block_probs, blk.row_stats_of(saved[3].data_ptr<float>(), p), blk.rows, p.keys);
+      }
       float* block_d_probs = d_probs.data_ptr<float>() + thread * p.block_rows * p.keys;
       float* dk = blk.keys_of(dk_parts.data_ptr<float>() + thread * p.batch * p.keys * ld, p);
       float* dv = blk.keys_of(dv_parts.data_ptr<float>() + thread * p.batch * p.keys * ld, p);
@@ -156,6 +195,11 @@ class WideHeadAttention : public torch::autograd::Function<WideHeadAttention> {
   }
 
  private:
+  // One [block_rows, keys] buffer per thread.
+  static at::Tensor block_buffers(const Problem& p, const at::TensorOptions& options) {
+    return at::empty({at::get_num_threads(), p.block_rows, p.keys}, options);
+  }
+
   static Problem problem_of(const at::Tensor& q, const at::Tensor& k, int64_t heads, double scale) {
     const int64_t d = q.size(2) / heads;
     return {q.size(0), heads, q.size(1), k.size(1), d, block_rows(q.size(1), k.size(1)), static_cast<float>(scale)};
@@ -172,14 +216,15 @@ bool wide_head_attention_fits(const at::Tensor& q, const at::Tensor& k, const at
 }
 
 at::Tensor wide_head_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads,
-                               double scale) {
+                               double scale, bool keep_probabilities) {
   SD_CHECK(wide_head_attention_fits(q, k, v, heads),
            "wide_head_attention: expected float32 q [B, Lq, heads*d], k and v [B, Lk, heads*d] with {} heads of more "
            "than 16 channels on a CPU with AVX2 and FMA, got [{}], [{}], [{}]",
            heads, fmt::join(q.sizes(), ", "), fmt::join(k.sizes(), ", "), fmt::join(v.sizes(), ", "));
-  // The probabilities are kept only for a backward that will run.
-  const bool keep = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
-  return WideHeadAttention::apply(q, k, v, heads, scale, keep);
+  // Something is kept only for a backward that will run.
+  const bool backward = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+  const Kept kept = !backward ? Kept::kNothing : keep_probabilities ? Kept::kProbabilities : Kept::kRowStats;
+  return WideHeadAttention::apply(q, k, v, heads, scale, static_cast<int64_t>(kept));
 }
 
 }  // namespace sd::models

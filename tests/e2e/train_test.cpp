@@ -101,8 +101,8 @@ TEST(TrainE2E, ReplaysTheReferenceRunOnOneRank) {
 }
 
 TEST(TrainE2E, ReplaysTheReferenceRunWithEachWayToSaveMemory) {
-  // The tiled attention (backward recomputes the probabilities) and selective gradient checkpointing (backward
-  // recomputes the blocks at the highest resolution) train what diffusers trains.
+  // The memory-efficient attention (backward recomputes the probabilities) and selective gradient checkpointing
+  // (backward recomputes the blocks at the highest resolution) train what diffusers trains.
   for (const char* flag : {"--enable_xformers_memory_efficient_attention", "--gradient_checkpointing_levels=1"}) {
     SCOPED_TRACE(flag);
     sd::test::TempDir out;

@@ -89,6 +89,36 @@ TEST(WideHeadAttention, InferenceGivesTrainingsOutputAndRunsRepeatBitForBit) {
   EXPECT_TRUE(at::equal(wide(in.q, k_strided, in.v), first.out));
 }
 
+// Memory-efficient training keeps each row's maximum and sum instead of the probabilities; backward recomputes them
+// with forward's own operations, so every gradient equals the kept probabilities' to the bit, at every width and
+// thread count.
+TEST(WideHeadAttention, RecomputedProbabilitiesGiveTheKeptOnesGradientsBitForBit) {
+  const int threads = at::get_num_threads();
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(describe(c));
+    at::manual_seed(c.lk + c.d);
+    const Inputs in = random_inputs(c);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.d));
+    for (const int bits : vector_widths()) {
+      const VectorWidth width(bits);
+      for (int n : {1, 2}) {
+        at::set_num_threads(n);
+        const auto grads_keeping = [&](bool keep) {
+          return attention_grads(
+              [&](auto& q, auto& k, auto& v) { return wide_head_attention(q, k, v, c.heads, scale, keep); }, in.q, in.k,
+              in.v, in.weight);
+        };
+        const Grads kept = grads_keeping(true), recomputed = grads_keeping(false);
+        EXPECT_TRUE(at::equal(recomputed.out, kept.out)) << n << " threads, " << bits << "-bit vectors";
+        EXPECT_TRUE(at::equal(recomputed.dq, kept.dq)) << n << " threads, " << bits << "-bit vectors";
+        EXPECT_TRUE(at::equal(recomputed.dk, kept.dk)) << n << " threads, " << bits << "-bit vectors";
+        EXPECT_TRUE(at::equal(recomputed.dv, kept.dv)) << n << " threads, " << bits << "-bit vectors";
+      }
+    }
+  }
+  at::set_num_threads(threads);
+}
+
 // A NaN reaches the outputs it touches, as in the reference, so a diverging run is noticed rather than hidden.
 TEST(WideHeadAttention, NanReachesTheRowsItTouches) {
   at::manual_seed(2);
@@ -127,10 +157,9 @@ TEST(WideHeadAttention, FitsOnlyWhatItComputes) {
       << message;
 }
 
-// The Attention module takes the kernel for float32 heads of more than 16 channels, except in training under
-// --enable_xformers_memory_efficient_attention (the tiled path, which keeps no probabilities); either way it gives
-// diffusers' numbers.
-TEST(WideHeadAttention, AttentionModuleTakesItUnlessTrainingMemoryEfficiently) {
+// The Attention module takes the kernel for float32 heads of more than 16 channels, keeping the probabilities or,
+// under --enable_xformers_memory_efficient_attention, recomputing them; either way it gives diffusers' numbers.
+TEST(WideHeadAttention, AttentionModuleTakesItWhetherMemoryEfficientOrNot) {
   for (const bool memory_efficient : {false, true}) {
     SCOPED_TRACE(memory_efficient ? "memory-efficient" : "plain");
     at::manual_seed(9);
@@ -143,8 +172,8 @@ TEST(WideHeadAttention, AttentionModuleTakesItUnlessTrainingMemoryEfficiently) {
     attention->set_memory_efficient(memory_efficient);
     const at::Tensor hidden = at::randn({2, 32, 4, 5}), context = at::randn({2, 7, 24});
     const at::Tensor out = attention->forward(hidden, context);
-    EXPECT_EQ(graph_has_node(out, "WideHeadAttention"), !memory_efficient);
-    EXPECT_EQ(graph_has_node(out, "TiledAttention"), memory_efficient);
+    EXPECT_TRUE(graph_has_node(out, "WideHeadAttention"));
+    EXPECT_FALSE(graph_has_node(out, "TiledAttention"));
     const at::Tensor h = hidden.flatten(2).transpose(1, 2);
     const at::Tensor heads_out =
         reference_attention(attention->to_q->forward(h), attention->to_k->forward(context),
