@@ -169,9 +169,11 @@ at::Tensor AttentionImpl::attend(const at::Tensor& q, const at::Tensor& k, const
   // The fused kernel's softmax is float32 whatever the dtype, which is all upcast_softmax asks for.
   if (small_head_attention_fits(q, k, v, heads))
     return small_head_attention(q, k, v, heads, scale_, options_.upcast_attention);
-  // Training under --enable_xformers_memory_efficient_attention keeps no probabilities: backward recomputes them.
+  // Training under --enable_xformers_memory_efficient_attention keeps no probabilities, nor does any training whose
+  // probabilities would be large: backward recomputes them.
   if (wide_head_attention_fits(q, k, v, heads))
-    return wide_head_attention(q, k, v, heads, scale_, /*keep_probabilities=*/!memory_efficient_);
+    return wide_head_attention(q, k, v, heads, scale_,
+                               !memory_efficient_ && wide_head_attention_worth_keeping_probabilities(q, k, heads));
   const at::Tensor qh = head_to_batch_dim(q, heads), kh = head_to_batch_dim(k, heads), vh = head_to_batch_dim(v, heads);
   const at::Tensor out = memory_efficient_
                              ? tiled_attention(qh, kh, vh, scale_, options_.upcast_attention)

@@ -215,6 +215,11 @@ bool wide_head_attention_fits(const at::Tensor& q, const at::Tensor& k, const at
          q.size(1) > 0 && k.size(1) > 0;
 }
 
+bool wide_head_attention_worth_keeping_probabilities(const at::Tensor& q, const at::Tensor& k, int64_t heads) {
+  constexpr int64_t kMostKeptBytes = int64_t{64} << 20;
+  return q.size(0) * heads * q.size(1) * k.size(1) * static_cast<int64_t>(sizeof(float)) <= kMostKeptBytes;
+}
+
 at::Tensor wide_head_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads,
                                double scale, bool keep_probabilities) {
   SD_CHECK(wide_head_attention_fits(q, k, v, heads),

@@ -20,6 +20,13 @@ namespace sd::models {
 // AVX2 and FMA.
 bool wide_head_attention_fits(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads);
 
+// Whether training should keep the probabilities for backward rather than recompute them: when they take at most
+// 64 MiB (SD-1.5's 32x32 self-attention at batch 1 keeps 32 MiB). Above, at SD's 64x64 latents, recomputing ties
+// with writing and reading them back (bench_attention: 454 against 463 ms forward + backward for SD-1.5 at 512²), and
+// the SD-2 base step at 512² ran as fast with 0.7 GiB less (docs/benchmarks.md, eighteenth sitting); at 32x32
+// keeping is 10% faster.
+bool wide_head_attention_worth_keeping_probabilities(const at::Tensor& q, const at::Tensor& k, int64_t heads);
+
 // softmax(q kᵀ · scale) v per head: q [B, Lq, heads*d], k and v [B, Lk, heads*d] -> [B, Lq, heads*d];
 // differentiable in q, k and v. Without `keep_probabilities` (memory-efficient training) forward keeps only each
 // query row's maximum and sum, and backward recomputes the probabilities from q and k, to the bit: one more product

@@ -119,6 +119,20 @@ TEST(WideHeadAttention, RecomputedProbabilitiesGiveTheKeptOnesGradientsBitForBit
   at::set_num_threads(threads);
 }
 
+// Training keeps up to 64 MiB of probabilities (SD-1.5's 32x32 self-attention at batch 1: 32 MiB) and recomputes
+// larger ones (SD-2's 64x64 at 512²: 320 MiB).
+TEST(WideHeadAttention, KeepsProbabilitiesOfUpTo64MiB) {
+  const auto keeps = [](int64_t batch, int64_t heads, int64_t queries, int64_t keys) {
+    return wide_head_attention_worth_keeping_probabilities(at::empty({batch, queries, heads * 40}),
+                                                           at::empty({batch, keys, heads * 40}), heads);
+  };
+  EXPECT_TRUE(keeps(1, 8, 1024, 1024));
+  EXPECT_FALSE(keeps(1, 5, 4096, 4096));
+  EXPECT_TRUE(keeps(1, 4, 2048, 2048));   // 64 MiB exactly
+  EXPECT_FALSE(keeps(1, 4, 2048, 2049));  // a key more
+  EXPECT_FALSE(keeps(2, 4, 2048, 2048));  // the batch counts
+}
+
 // A NaN reaches the outputs it touches, as in the reference, so a diverging run is noticed rather than hidden.
 TEST(WideHeadAttention, NanReachesTheRowsItTouches) {
   at::manual_seed(2);
@@ -158,7 +172,8 @@ TEST(WideHeadAttention, FitsOnlyWhatItComputes) {
 }
 
 // The Attention module takes the kernel for float32 heads of more than 16 channels, keeping the probabilities or,
-// under --enable_xformers_memory_efficient_attention, recomputing them; either way it gives diffusers' numbers.
+// under --enable_xformers_memory_efficient_attention, recomputing them; either way it gives diffusers' numbers. (Which
+// one it takes changes no digit: RecomputedProbabilitiesGiveTheKeptOnesGradientsBitForBit.)
 TEST(WideHeadAttention, AttentionModuleTakesItWhetherMemoryEfficientOrNot) {
   for (const bool memory_efficient : {false, true}) {
     SCOPED_TRACE(memory_efficient ? "memory-efficient" : "plain");
