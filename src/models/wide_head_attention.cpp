@@ -82,9 +82,9 @@ void for_each_block(const Problem& p, const Fn& fn) {
                 [&](const Tile& t, int thread) { fn(Block::of(p, t), thread); });
 }
 
-// The row softmax forward and backward, once per vector width (wide_head_softmax_rows.inl, against core/simd.h's
-// operations). LibTorch's own softmax kernels take their AVX2 code on AVX-512 CPUs, call Sleef's exp per vector and
-// are dispatched once per block: a fifth of this kernel's time under perf at SD-2's 64x64 self-attention.
+// The row softmax, its recomputation and its backward, once per vector width (wide_head_softmax_rows.inl, against
+// core/simd.h's operations). LibTorch's own softmax kernels take their AVX2 code on AVX-512 CPUs, call Sleef's exp per
+// vector and are dispatched once per block: a fifth of this kernel's time under perf at SD-2's 64x64 self-attention.
 #define SD_KERNELS "models/wide_head_softmax_rows.inl"
 #include "core/simd_each_width.inl"
 
@@ -120,7 +120,7 @@ void forward_block(const Problem& p, const Block& blk, const float* q, const flo
 // What forward keeps for backward besides q, k and v.
 enum class Kept {
   kProbabilities,  // every block's probabilities [batch*heads, queries, keys]
-  kRowStats,       // each query row's RowStats: backward recomputes the probabilities (memory-efficient training)
+  kRowStats,       // each query row's RowStats: backward recomputes the probabilities
   kNothing,        // no backward will run
 };
 

@@ -5,8 +5,9 @@
 // SD-2 at 512²): ten passes over it, which at this size cost as much as the products themselves.
 //
 // Forward writes each block's probabilities once, into the buffer backward reads them from (what LibTorch's path
-// keeps too); for memory-efficient training it keeps two floats per query row instead and backward recomputes the
-// probabilities, as models/tiled_attention.h does for other dtypes, for a third more arithmetic.
+// keeps too); for memory-efficient training, and wherever they would take more than 64 MiB, it keeps two floats per
+// query row instead and backward recomputes the probabilities, as models/tiled_attention.h does for other dtypes,
+// for a third more arithmetic.
 // The products are oneDNN's sgemm, the path every float32 GEMM in sdtrain takes; the softmax is sdtrain's own, in
 // AVX-512 where the CPU has it (LibTorch's softmax kernels run their AVX2 code there): SD-2's 64x64 self-attention
 // 13-15% faster forward + backward, SD-1.5's at 256² 15% (docs/benchmarks.md, eighteenth sitting).
@@ -28,9 +29,9 @@ bool wide_head_attention_fits(const at::Tensor& q, const at::Tensor& k, const at
 bool wide_head_attention_worth_keeping_probabilities(const at::Tensor& q, const at::Tensor& k, int64_t heads);
 
 // softmax(q kᵀ · scale) v per head: q [B, Lq, heads*d], k and v [B, Lk, heads*d] -> [B, Lq, heads*d];
-// differentiable in q, k and v. Without `keep_probabilities` (memory-efficient training) forward keeps only each
-// query row's maximum and sum, and backward recomputes the probabilities from q and k, to the bit: one more product
-// per block instead of B x heads x Lq x Lk floats kept.
+// differentiable in q, k and v. Without `keep_probabilities` forward keeps only each query row's maximum and sum, and
+// backward recomputes the probabilities from q and k, to the bit: one more product per block instead of
+// B x heads x Lq x Lk floats kept.
 at::Tensor wide_head_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads,
                                double scale, bool keep_probabilities = true);
 
