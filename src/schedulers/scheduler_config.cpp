@@ -1,7 +1,7 @@
 #include "schedulers/scheduler_config.h"
 
-#include <limits>
 #include <cmath>
+#include <limits>
 #include <set>
 
 #include "core/error.h"
