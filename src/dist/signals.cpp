@@ -5,6 +5,8 @@
 
 #include <atomic>
 #include <csignal>
+#include <cstdint>
+#include <ctime>
 #include <thread>
 
 namespace sd::dist {
@@ -16,14 +18,29 @@ std::atomic<bool> g_stop{false};
 std::atomic<int> g_stop_signal_thread{0};  // the kernel's id of the thread that ran the handler
 static_assert(std::atomic<int>::is_always_lock_free && std::atomic<bool>::is_always_lock_free);
 
+std::atomic<int64_t> g_stop_signal_ns{0};  // CLOCK_MONOTONIC time of the first signal
+static_assert(std::atomic<int64_t>::is_always_lock_free);
+
+// `timeout` signals its child and then the child's process group, and Slurm may signal both the step's processes
+// and their group: the same signal twice within milliseconds, which is one request, not a user insisting.
+constexpr int64_t kEchoWindowNs = 1'000'000'000;
+
+int64_t monotonic_ns() {  // clock_gettime is async-signal-safe
+  timespec t{};
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec;
+}
+
 extern "C" void on_stop_signal(int sig) {
   if (g_stop_signal.load() == sig) {
+    if (monotonic_ns() - g_stop_signal_ns.load() < kEchoWindowNs) return;
     // Second time: the user insists. signal() and raise() are async-signal-safe.
     std::signal(sig, SIG_DFL);
     std::raise(sig);
     return;
   }
   g_stop_signal_thread.store(static_cast<int>(gettid()));  // a system call: async-signal-safe
+  g_stop_signal_ns.store(monotonic_ns());
   g_stop_signal.store(sig);
   g_stop.store(true);
 }

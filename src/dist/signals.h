@@ -16,8 +16,9 @@ namespace sd::dist {
 // into the checkpoint written on the signal. Not for `launch`, which takes the signals itself with sigtimedwait.
 void route_stop_signals_to_a_watcher_thread();
 
-// Installs handlers for SIGTERM and SIGINT. The first signal sets the stop flag; a second one of the same kind
-// restores the default action and re-raises it, so an impatient user can still kill at once. Idempotent.
+// Installs handlers for SIGTERM and SIGINT. The first signal sets the stop flag; a second one of the same kind, a
+// second or more later, restores the default action and re-raises it, so an impatient user can still kill at once
+// (one sooner is the echo of the first: `timeout` signals the process and then its group). Idempotent.
 void install_stop_signal_handlers();
 // Restores the default actions (for tests).
 void uninstall_stop_signal_handlers();
