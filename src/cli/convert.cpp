@@ -23,12 +23,22 @@ struct ConvertOptions {
   std::string output;
   std::string variant;
   std::string save_dtype;
+  bool overwrite = false;
 };
 
 at::ScalarType save_dtype(const ConvertOptions& o) {
   if (o.save_dtype == "float16" || (o.save_dtype.empty() && o.variant == "fp16")) return at::kHalf;
   if (o.save_dtype == "bfloat16") return at::kBFloat16;
   return at::kFloat;
+}
+
+// Writing over the input folder would delete its weights (with --variant, or a .bin pipeline's files): refused even
+// with --overwrite.
+void check_output_is_a_new_folder(const pipeline::ModelSource& source, const ConvertOptions& o) {
+  std::error_code ignored;
+  SD_CHECK(!fs::equivalent(source.path, o.output, ignored), "OUTPUT {}: is the input pipeline; write to a new folder",
+           o.output);
+  pipeline::check_not_replacing_pipeline("OUTPUT", o.output, o.overwrite);
 }
 
 int run_convert(const ConvertOptions& o) {
@@ -40,6 +50,7 @@ int run_convert(const ConvertOptions& o) {
   const fs::path out_dir = single_file ? fs::path(o.output).parent_path() : fs::path(o.output);
   io::check_output_dir("OUTPUT", out_dir.empty() ? fs::path(".") : out_dir);
   const pipeline::ModelSource source = pipeline::resolve_model(o.input);
+  if (!single_file) check_output_is_a_new_folder(source, o);
   pipeline::StableDiffusion pipe = pipeline::load_pipeline(source);
   if (single_file)
     pipeline::save_single_file(pipe, o.output, save_dtype(o));
@@ -62,6 +73,7 @@ void add_convert(CLI::App& app, std::function<int()>& chosen) {
   flag(cmd, "--save_dtype", o->save_dtype,
        "dtype of the written weights (default float16 for --variant fp16, else float32)")
       ->check(CLI::IsMember({"float32", "float16", "bfloat16"}));
+  switch_flag(cmd, "--overwrite", o->overwrite, "Pipeline output: replace a pipeline already in that folder");
   cmd->callback([o, &chosen] { chosen = [o] { return run_convert(*o); }; });
 }
 

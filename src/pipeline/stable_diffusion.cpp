@@ -130,6 +130,25 @@ bool is_component_folder(const std::string& name) {
   return std::count(std::begin(kComponentFolders), std::end(kComponentFolders), name) > 0;
 }
 
+namespace {
+
+// What in `dir` shows that a pipeline is there ("" if nothing does).
+std::string pipeline_marker(const fs::path& dir) {
+  std::error_code ignored;
+  if (fs::exists(dir / "model_index.json", ignored)) return "model_index.json";
+  for (const char* part : kComponentFolders)
+    if (fs::is_directory(dir / part, ignored)) return std::string(part) + "/";
+  return "";
+}
+
+}  // namespace
+
+void check_not_replacing_pipeline(const std::string& flag, const fs::path& dir, bool overwrite) {
+  const std::string marker = overwrite ? "" : pipeline_marker(dir);
+  SD_CHECK(marker.empty(), "{} {}: already holds a pipeline ({}); pass --overwrite to replace it", flag, dir.string(),
+           marker);
+}
+
 void save_pipeline(StableDiffusion& pipe, const fs::path& dir, at::ScalarType dtype, const std::string& variant) {
   fs::create_directories(dir);
   io::recover_interrupted_writes(dir, is_component_folder);

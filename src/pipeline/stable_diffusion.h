@@ -65,6 +65,11 @@ void check_components_fit(const StableDiffusion& pipe, const std::string& source
 inline constexpr const char* kComponentFolders[] = {"tokenizer", "text_encoder", "vae", "unet", "scheduler"};
 bool is_component_folder(const std::string& name);
 
+// For commands that write a new pipeline (init, convert): throws sd::Error naming `flag` if `dir` already holds one
+// (model_index.json or a component folder) and `overwrite` is false, since save_pipeline would replace its weights
+// with no way back.
+void check_not_replacing_pipeline(const std::string& flag, const std::filesystem::path& dir, bool overwrite);
+
 // Writes the pipeline as diffusers' save_pretrained does (weights in `dtype`, file names carrying `variant` if
 // given), building it in a temporary folder and renaming it into place; an existing pipeline in `dir` is replaced,
 // other files there are kept.
