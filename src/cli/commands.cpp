@@ -1,6 +1,12 @@
 #include "cli/commands.h"
 
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
 #include <functional>
+#include <string>
+#include <vector>
 
 #include "dist/signals.h"
 
@@ -43,6 +49,18 @@ int run(int argc, char** argv) {
   add_dist_check(app, chosen);
   add_benchmark(app, chosen);
   add_report(app, chosen);
+  // CLI11 would say "A subcommand is required" for a typo, or print the general help for `trian --help`.
+  if (argc > 1 && argv[1][0] != '-') {
+    std::vector<std::string> names;
+    for (const CLI::App* sub : app.get_subcommands({})) names.push_back(sub->get_name());
+    if (std::find(names.begin(), names.end(), argv[1]) == names.end()) {
+      std::fputs(
+          fmt::format("sdtrain: error: unknown command '{}' (expected one of: {})\n", argv[1], fmt::join(names, ", "))
+              .c_str(),
+          stderr);
+      return 1;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

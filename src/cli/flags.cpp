@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <optional>
 
@@ -57,6 +59,29 @@ CLI::Validator positive_number() {
         return {};
       },
       ">0");
+}
+
+CLI::Validator finite_number() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        double value = 0;
+        if (!CLI::detail::lexical_cast(text, value) || !std::isfinite(value)) return text + " is not a finite number";
+        return {};
+      },
+      "finite");
+}
+
+CLI::Validator seed_value() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        const bool digits = !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
+        errno = 0;
+        if (digits) std::strtoull(text.c_str(), nullptr, 10);
+        if (!digits || errno == ERANGE)
+          return "\"" + text + "\" is not a seed (a whole number from 0 to 18446744073709551615)";
+        return {};
+      },
+      "0..2^64-1");
 }
 
 CLI::Option* accepted_python_flag(CLI::App* app, const std::string& name, bool takes_value, const std::string& note) {

@@ -127,6 +127,17 @@ void check_flag_combinations(const GenerateOptions& o) {
            "StableDiffusionImg2ImgPipeline has no guidance_rescale)");
 }
 
+// Before the run, so that a path that cannot be written leaves no half of the outputs behind.
+void check_output_locations(const GenerateOptions& o) {
+  SD_CHECK(!o.output_dir.empty() || !o.save_raw.empty(),
+           "nothing would be written: --output_dir is empty and --save_raw is not given");
+  if (!o.output_dir.empty()) io::check_output_dir("--output_dir", o.output_dir);
+  if (!o.save_raw.empty()) {
+    const fs::path folder = fs::path(o.save_raw).parent_path();
+    io::check_output_dir("--save_raw", folder.empty() ? fs::path(".") : folder);
+  }
+}
+
 // The arguments both pipelines take.
 void fill_common_options(const GenerateOptions& o, pipeline::GenerationOptions& options) {
   options.prompts = o.prompts;
@@ -174,7 +185,7 @@ int run_generate(GenerateOptions o) {
 
   // Cheap checks first, so a typo fails before the weights load.
   check_flag_combinations(o);
-  if (!o.output_dir.empty()) io::check_output_dir("--output_dir", o.output_dir);
+  check_output_locations(o);
   const pipeline::PipelineConfigs configs = pipeline::read_configs(source);
   std::unique_ptr<schedulers::Scheduler> scheduler = make_run_scheduler(configs.scheduler, o);
   SD_CHECK(o.num_inference_steps >= 1, "--num_inference_steps must be >= 1, got {}", o.num_inference_steps);
@@ -261,7 +272,8 @@ void add_generate(CLI::App& app, std::function<int()>& chosen) {
   repeated_flag(cmd, "--negative_prompt", o->negative_prompts,
                 "What the images should not show: once for every prompt, or once per prompt in their order");
   flag(cmd, "--num_inference_steps", o->num_inference_steps, "Denoising steps")->check(in_range(1, 10000));
-  flag(cmd, "--guidance_scale", o->guidance_scale, "Classifier-free guidance scale; <= 1 turns guidance off");
+  flag(cmd, "--guidance_scale", o->guidance_scale, "Classifier-free guidance scale; <= 1 turns guidance off")
+      ->check(finite_number());
   flag(cmd, "--guidance_rescale", o->guidance_rescale,
        "Rescale the guided prediction towards the text prediction's std (arXiv 2305.08891 sec. 3.4), 0..1; txt2img");
   flag(cmd, "--eta", o->eta, "DDIM's eta, 0..1: weight of the noise added in each step (needs --scheduler ddim)");
@@ -273,7 +285,8 @@ void add_generate(CLI::App& app, std::function<int()>& chosen) {
       ->check(in_range(8, 16384));
   flag(cmd, "--seed", o->seed,
        "Seed (random and printed when absent); image k of the run (prompt i, image j: k = i*num_images_per_prompt + j) "
-       "uses a generator seeded seed + k, so it reproduces alone with --seed seed+k");
+       "uses a generator seeded seed + k, so it reproduces alone with --seed seed+k")
+      ->check(seed_value());
   flag(cmd, "--num_images_per_prompt", o->num_images_per_prompt, "Images per prompt")->check(in_range(1, 256));
   flag(cmd, "--scheduler", o->scheduler,
        "Scheduler class or alias (pndm, ddim, ddpm, euler, euler_a, heun, lms, dpm++, unipc, dpm++_karras, "

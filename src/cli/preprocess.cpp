@@ -39,7 +39,9 @@ void add_preprocess(CLI::App& app, std::function<int()>& chosen) {
   flag(cmd, "--samples_per_shard", o->samples_per_shard, "Samples per shard file (the unit of resuming)")
       ->check(in_range(1, 1000000))
       ->group(outputs);
-  flag(cmd, "--seed", o->seed, "Seed of the posterior samples of --latents sample")->group(outputs);
+  flag(cmd, "--seed", o->seed, "Seed of the posterior samples of --latents sample")
+      ->check(seed_value())
+      ->group(outputs);
 
   const std::string run = "Speed";
   flag(cmd, "--batch_size", o->batch_size, "Images per VAE forward pass")->check(in_range(1, 4096))->group(run);

@@ -65,8 +65,11 @@ void add_train(CLI::App& app, std::function<int()>& chosen) {
   const std::string loss = "Loss";
   flag(cmd, "--snr_gamma", o->snr_gamma, "Min-SNR loss weighting gamma (arXiv 2303.09556; 5.0 is recommended)")
       ->group(loss);
-  flag(cmd, "--noise_offset", o->noise_offset, "Scale of per-channel offset noise")->group(loss);
+  flag(cmd, "--noise_offset", o->noise_offset, "Scale of per-channel offset noise")
+      ->check(finite_number())
+      ->group(loss);
   flag(cmd, "--input_perturbation", o->input_perturbation, "Scale of input perturbation (0.1 is recommended)")
+      ->check(finite_number())
       ->group(loss);
 
   const std::string validation = "Validation";
@@ -122,6 +125,8 @@ void add_train(CLI::App& app, std::function<int()>& chosen) {
       });
   accepted_python_flag(cmd, "--dataset_config_name", true, "only with --dataset_name, which sdtrain does not take");
 
+  cmd->get_option("--output_dir")
+      ->description("Where the results, checkpoints and logs go (sd-model-finetuned-lora with --lora_rank)");
   cmd->callback([cmd, o, lora_rank, &chosen] {
     record_command_line(cmd, o->training);
     if (lora_rank->count() == 0) {

@@ -3,6 +3,8 @@
 #include <chrono>
 #include <ctime>
 
+#include <fmt/format.h>
+
 #include "cli/flags.h"
 #include "train/metrics_sink.h"
 
@@ -13,17 +15,21 @@ void add_trainer_flags(CLI::App* cmd, train::TrainerOptions& o) {
   flag(cmd, "--train_batch_size", o.train_batch_size, "Images per rank per micro-batch")
       ->check(in_range(1, 65536))
       ->group(batch);
-  flag(cmd, "--gradient_accumulation_steps", o.gradient_accumulation_steps, "Micro-batches per optimizer step")
-      ->check(in_range(1, 65536))
-      ->group(batch);
+  auto* accumulation =
+      flag(cmd, "--gradient_accumulation_steps", o.gradient_accumulation_steps, "Micro-batches per optimizer step")
+          ->check(in_range(1, 65536))
+          ->group(batch);
   flag(cmd, "--global_batch_size", o.global_batch_size,
        "Images per optimizer step over all ranks; sets the accumulation to global / (ranks x --train_batch_size)")
       ->check(in_range(1, int64_t{1} << 24))
+      ->excludes(accumulation)
       ->group(batch);
   flag(cmd, "--num_train_epochs", o.num_train_epochs, "Epochs, used when --max_train_steps is not given")
       ->check(at_least(1))
       ->group(batch);
-  flag(cmd, "--max_train_steps", o.max_train_steps, "Optimizer steps; overrides --num_train_epochs")
+  const std::string steps_default = o.max_train_steps ? fmt::format(" (default {})", *o.max_train_steps) : "";
+  flag(cmd, "--max_train_steps", o.max_train_steps,
+       "Optimizer steps" + steps_default + "; overrides --num_train_epochs")
       ->check(at_least(1))
       ->group(batch);
 
@@ -42,12 +48,16 @@ void add_trainer_flags(CLI::App* cmd, train::TrainerOptions& o) {
   flag(cmd, "--lr_num_cycles", o.lr_num_cycles, "Hard restarts of cosine_with_restarts")
       ->check(at_least(1))
       ->group(optimizer);
-  flag(cmd, "--lr_power", o.lr_power, "Power of the polynomial schedule")->group(optimizer);
-  flag(cmd, "--adam_beta1", o.adam.beta1, "AdamW beta1")->group(optimizer);
-  flag(cmd, "--adam_beta2", o.adam.beta2, "AdamW beta2")->group(optimizer);
-  flag(cmd, "--adam_weight_decay", o.adam.weight_decay, "AdamW decoupled weight decay")->group(optimizer);
+  flag(cmd, "--lr_power", o.lr_power, "Power of the polynomial schedule")->check(finite_number())->group(optimizer);
+  flag(cmd, "--adam_beta1", o.adam.beta1, "AdamW beta1")->check(finite_number())->group(optimizer);
+  flag(cmd, "--adam_beta2", o.adam.beta2, "AdamW beta2")->check(finite_number())->group(optimizer);
+  flag(cmd, "--adam_weight_decay", o.adam.weight_decay, "AdamW decoupled weight decay")
+      ->check(finite_number())
+      ->group(optimizer);
   flag(cmd, "--adam_epsilon", o.adam.eps, "AdamW epsilon")->group(optimizer);
-  flag(cmd, "--max_grad_norm", o.max_grad_norm, "Clip the global gradient norm to this (unset: no clipping)")
+  // The default differs by task (diffusers' train_text_to_image clips at 1.0, textual_inversion.py never does).
+  const std::string clipping = o.max_grad_norm ? fmt::format("default {}", *o.max_grad_norm) : "default: no clipping";
+  flag(cmd, "--max_grad_norm", o.max_grad_norm, "Clip the global gradient norm to this (" + clipping + ")")
       ->group(optimizer);
   flag(cmd, "--skip_nonfinite_steps", o.skip_nonfinite_steps,
        "Steps with a NaN/Inf loss or gradient skip their update, up to this many in a run; one more stops training "
@@ -90,7 +100,7 @@ void add_trainer_flags(CLI::App* cmd, train::TrainerOptions& o) {
        "bf16: bfloat16 forward/backward with float32 master weights; fp16 is taken as bf16 on CPU")
       ->check(CLI::IsMember({"no", "fp16", "bf16"}))
       ->group(run);
-  flag(cmd, "--seed", o.seed, "Seed for reproducible training (random if not given)")->group(run);
+  flag(cmd, "--seed", o.seed, "Seed for reproducible training (random if not given)")->check(seed_value())->group(run);
   flag(cmd, "--sharding", o.sharding,
        "no_shard: every rank keeps all optimizer state; shard_grad_op: each keeps its share of gradients, master "
        "weights, AdamW moments and EMA (FSDP SHARD_GRAD_OP)")

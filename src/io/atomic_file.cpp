@@ -186,6 +186,7 @@ void write_directory_atomically(const fs::path& dir, const std::function<void(co
 }
 
 void check_output_dir(const std::string& flag, const fs::path& dir) {
+  if (dir.empty()) fail("{}: expected a folder, got an empty path", flag);
   std::error_code ec;
   if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) fail("{} {}: is a file, not a folder", flag, dir.string());
   // Nothing is created: a command that fails later leaves no empty folder. The probe goes where the folder is, or
@@ -228,6 +229,8 @@ void write_text_file(const fs::path& path, const std::string& text) {
 }
 
 std::string read_text_file(const fs::path& path) {
+  std::error_code ignored;
+  SD_CHECK(!fs::is_directory(path, ignored), "{}: is a folder, expected a file", path.string());
   std::ifstream in(path, std::ios::binary);
   SD_CHECK(in.good(), "{}: cannot open file (missing or unreadable)", path.string());
   std::stringstream buffer;

@@ -63,8 +63,61 @@ TEST(Cli, Errors) {
   auto bad = run_command(sdtrain("init --preset sd3 --out /tmp/x"));
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.output.find("--preset"), std::string::npos) << bad.output;
-  auto unknown = run_command(sdtrain("frobnicate"));
-  EXPECT_NE(unknown.exit_code, 0);
+  const std::string commands = "(expected one of: init, inspect, tokenize, generate, convert, textual-inversion, ";
+  EXPECT_TRUE(
+      sd::test::is_one_line_error(run_command(sdtrain("frobnicate")), "unknown command 'frobnicate' " + commands));
+  EXPECT_TRUE(sd::test::is_one_line_error(run_command(sdtrain("trian --help")), "unknown command 'trian'"));
+}
+
+TEST(Cli, FlagValuesAreCheckedBeforeAnyWork) {
+  const std::string model = " --model " + (sd::test::fixtures() / "tiny-sd1").string() + " --prompt x";
+  const std::string not_a_seed = "\" is not a seed (a whole number from 0 to 18446744073709551615)";
+  for (const std::string seed : {"-1", "18446744073709551616", "1.5", "''"}) {
+    const std::string shown = seed == "''" ? "" : seed;
+    EXPECT_TRUE(sd::test::is_one_line_error(run_command(sdtrain("generate" + model + " --seed " + seed)),
+                                            "--seed: \"" + shown + not_a_seed));
+  }
+  EXPECT_EQ(run_command(sdtrain("init --preset tiny --seed 18446744073709551615 --out ''")).output,
+            "sdtrain: error: --out: expected a folder, got an empty path\n");
+  EXPECT_TRUE(sd::test::is_one_line_error(run_command(sdtrain("generate" + model + " --guidance_scale nan")),
+                                          "--guidance_scale: nan is not a finite number"));
+  EXPECT_TRUE(
+      sd::test::is_one_line_error(run_command(sdtrain("generate" + model + " --output_dir ''")),
+                                  "nothing would be written: --output_dir is empty and --save_raw is not given"));
+  EXPECT_TRUE(
+      sd::test::is_one_line_error(run_command(sdtrain("train --pretrained_model_name_or_path m --synthetic_data "
+                                                      "latents --global_batch_size 4 --gradient_accumulation_steps 2")),
+                                  "--gradient_accumulation_steps excludes --global_batch_size"));
+  EXPECT_TRUE(sd::test::is_one_line_error(
+      run_command(sdtrain(
+          "train --pretrained_model_name_or_path m --synthetic_data latents --lr_scheduler polynomial --lr_power nan")),
+      "--lr_power: nan is not a finite number"));
+}
+
+// init and convert write whole pipelines: over an existing one only when asked, over their own input never.
+TEST(Cli, InitAndConvertReplaceAPipelineOnlyWithOverwrite) {
+  sd::test::TempDir dir;
+  const std::string m = (dir.path() / "m").string(), copy = (dir.path() / "copy").string();
+  ASSERT_EQ(run_command(sdtrain("init --preset tiny --out " + m)).exit_code, 0);
+  const std::string unet = "/unet/diffusion_pytorch_model.safetensors";
+  const std::string before = io::read_text_file(m + unet);
+  EXPECT_TRUE(sd::test::is_one_line_error(run_command(sdtrain("init --preset tiny --seed 3 --out " + m)),
+                                          "--out " + m +
+                                              ": already holds a pipeline (model_index.json); pass "
+                                              "--overwrite to replace it"));
+  EXPECT_TRUE(sd::test::is_one_line_error(run_command(sdtrain("convert " + m + " " + m + "/ --variant fp16")),
+                                          "OUTPUT " + m + "/: is the input pipeline; write to a new folder"));
+  EXPECT_TRUE(sd::test::is_one_line_error(
+      run_command(sdtrain("convert " + m + " " + m + " --variant fp16 --overwrite")), "is the input pipeline"));
+  EXPECT_EQ(io::read_text_file(m + unet), before);
+
+  ASSERT_EQ(run_command(sdtrain("convert " + m + " " + copy)).exit_code, 0);
+  EXPECT_TRUE(sd::test::is_one_line_error(run_command(sdtrain("convert " + m + " " + copy + " --variant fp16")),
+                                          "OUTPUT " + copy + ": already holds a pipeline"));
+  ASSERT_EQ(run_command(sdtrain("convert " + m + " " + copy + " --variant fp16 --overwrite")).exit_code, 0);
+  EXPECT_TRUE(std::filesystem::exists(copy + "/unet/diffusion_pytorch_model.fp16.safetensors"));
+  ASSERT_EQ(run_command(sdtrain("init --preset tiny --seed 3 --out " + m + " --overwrite")).exit_code, 0);
+  EXPECT_NE(io::read_text_file(m + unet), before);
 }
 
 }  // namespace
