@@ -37,19 +37,27 @@ io::TensorMap named_weights(const torch::nn::Module& module) {
 
 void load_weights(torch::nn::Module& module, const io::TensorFile& file, const std::set<std::string>& ignored) {
   io::TensorMap targets = named_weights(module);
-  std::vector<std::string> missing, unexpected, misshaped;
+  std::vector<std::string> missing, unexpected, misshaped, mistyped;
   for (const auto& [name, target] : targets) {
     if (!file.contains(name)) {
       missing.push_back(name);
-    } else if (const auto shape = file.info(name).shape; at::IntArrayRef(shape) != target.sizes()) {
-      misshaped.push_back(fmt::format("{} (file {}, model {})", name, shape_str(shape), shape_str(target.sizes())));
+      continue;
     }
+    const io::TensorInfo stored = file.info(name);
+    if (at::IntArrayRef(stored.shape) != target.sizes())
+      misshaped.push_back(
+          fmt::format("{} (file {}, model {})", name, shape_str(stored.shape), shape_str(target.sizes())));
+    // Integers would be cast to weights silently (an I32 bias of 1e9s).
+    if (target.is_floating_point() && !at::isFloatingType(stored.dtype))
+      mistyped.push_back(
+          fmt::format("{} ({} in the file, expected a floating-point type)", name, c10::toString(stored.dtype)));
   }
   for (const auto& name : file.names())
     if (!targets.count(name) && !ignored.count(name)) unexpected.push_back(name);
-  if (!missing.empty() || !unexpected.empty() || !misshaped.empty()) {
+  if (!missing.empty() || !unexpected.empty() || !misshaped.empty() || !mistyped.empty()) {
     std::vector<std::string> parts;
     if (!misshaped.empty()) parts.push_back("wrong shape: " + list_some(misshaped));
+    if (!mistyped.empty()) parts.push_back("wrong dtype: " + list_some(mistyped));
     if (!missing.empty()) parts.push_back("missing keys: " + list_some(missing));
     if (!unexpected.empty()) parts.push_back("unexpected keys: " + list_some(unexpected));
     fail("{}: weights do not match the model config: {}", file.label(), fmt::join(parts, "; "));

@@ -22,8 +22,12 @@ DPMSolverMultistepScheduler::DPMSolverMultistepScheduler(SchedulerConfig config)
     c.fail_key("solver_type", fmt::format("must be midpoint or heun, got \"{}\"", solver_type_));
   if (c.solver_order == 3 && algorithm_type_.rfind("sde-", 0) == 0)
     c.fail_key("solver_order", "3 is not supported with the sde-* algorithm types");
-  if (c.variance_type && *c.variance_type != "learned" && *c.variance_type != "learned_range")
-    c.fail_key("variance_type", fmt::format("must be null, learned or learned_range, got \"{}\"", *c.variance_type));
+  // diffusers' learned variances are DeepFloyd IF's (a UNet predicting 3 mean and 3 variance channels); Stable
+  // Diffusion's UNet predicts no variance.
+  if (c.variance_type)
+    c.fail_key("variance_type",
+               fmt::format("must be null for Stable Diffusion (learned variances are DeepFloyd IF's), got \"{}\"",
+                           *c.variance_type));
 
   lambda_t_ = at::log(at::sqrt(alphas_cumprod_)) - at::log(at::sqrt(1 - alphas_cumprod_));
 }
@@ -36,8 +40,6 @@ void DPMSolverMultistepScheduler::set_timesteps(int n) {
 }
 
 at::Tensor DPMSolverMultistepScheduler::convert_model_output(at::Tensor model_output, const at::Tensor& sample) const {
-  // Learned-variance models output [mean, variance] channels; only the mean is used.
-  if (config_.variance_type && config_.prediction_type == "epsilon") model_output = model_output.slice(1, 0, 3);
   if (algorithm_type_ == "dpmsolver++" || algorithm_type_ == "sde-dpmsolver++")
     return data_prediction(model_output, sample);
   return noise_prediction(model_output, sample);

@@ -85,7 +85,8 @@ TEST(UNetConfig, WrongTypedKeyNamesFileAndKey) {
   const std::vector<std::pair<std::string, json>> cases = {
       {"layers_per_block", "two"}, {"use_linear_projection", 1}, {"attention_head_dim", json({8, "x"})},
       {"block_out_channels", 32},  {"norm_eps", "1e-5"},         {"only_cross_attention", "no"},
-      {"sample_size", 1.5},        {"class_embed_type", 3},      {"cross_attention_dim", json::object()}};
+      {"sample_size", 1.5},        {"class_embed_type", 3},      {"cross_attention_dim", json::object()},
+      {"sample_size", 0}};
   for (const auto& [key, value] : cases) {
     TempDir dir;
     json j = base;

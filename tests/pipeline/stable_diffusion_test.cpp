@@ -119,6 +119,20 @@ TEST(Pipeline, WeightOfTheWrongShape) {
       << e;
 }
 
+TEST(Pipeline, WeightOfAnIntegerDtype) {
+  sd::test::TempDir dir;
+  auto p = copy_fixture(dir.path());
+  auto file = p / "unet" / "diffusion_pytorch_model.safetensors";
+  auto tensors = io::load_safetensors(file);
+  tensors["conv_in.bias"] = tensors["conv_in.bias"].to(at::kInt);
+  io::save_safetensors(file, tensors);
+  std::string e = load_error(p);
+  EXPECT_NE(e.find("diffusion_pytorch_model.safetensors: weights do not match the model config: wrong dtype: "
+                   "conv_in.bias (Int in the file, expected a floating-point type)"),
+            std::string::npos)
+      << e;
+}
+
 TEST(Presets, TinyIsTheFixtureArchitectureAndSeeded) {
   sd::test::TempDir dir;
   write_preset("tiny", 3, dir.path() / "a", at::kFloat);

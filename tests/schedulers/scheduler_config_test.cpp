@@ -248,6 +248,8 @@ TEST(SchedulerErrors, BadValuesNameTheFileAndKey) {
        "from 0 to 1, got an entry 2"},
       {R"({"_class_name": "DDIMScheduler", "beta_schedule": "sigmoid"})", "beta_schedule", "DDIMScheduler"},
       {R"({"_class_name": "DDPMScheduler", "variance_type": "learned"})", "variance_type", "learned"},
+      {R"({"_class_name": "DPMSolverMultistepScheduler", "variance_type": "learned_range"})", "variance_type",
+       "must be null for Stable Diffusion (learned variances are DeepFloyd IF's)"},
       {R"({"_class_name": "PNDMScheduler", "prediction_type": "sample"})", "prediction_type", "sample"},
       {R"({"_class_name": "EulerAncestralDiscreteScheduler", "prediction_type": "sample"})", "prediction_type",
        "sample"},

@@ -207,7 +207,10 @@ void UNetConfig::validate() const {
   io::check_at_most(src, "conv_out_kernel", conv_out_kernel, 15);
   io::check_at_most(src, "downsample_padding", downsample_padding, 15);
   if (time_embedding_dim) io::check_at_most(src, "time_embedding_dim", *time_embedding_dim, 16384);
-  if (sample_size) io::check_at_most(src, "sample_size", *sample_size, 4096);
+  if (sample_size) {
+    SD_CHECK(*sample_size >= 1, "{}: key 'sample_size' must be >= 1, got {}", src, *sample_size);
+    io::check_at_most(src, "sample_size", *sample_size, 4096);
+  }
   SD_CHECK(down_block_types.size() == n, "{}: key 'down_block_types' has {} entries but block_out_channels has {}", src,
            down_block_types.size(), n);
   SD_CHECK(up_block_types.size() == n, "{}: key 'up_block_types' has {} entries but down_block_types has {}", src,
