@@ -2,6 +2,8 @@
 // accepts (pipeline folder, single-file .safetensors/.ckpt, cached Hub name); OUTPUT ending in .safetensors is
 // written as one file in the original (LDM / A1111) layout, anything else as a diffusers pipeline folder, e.g. with
 // --variant fp16 for diffusion_pytorch_model.fp16.safetensors files.
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
 
 #include "cli/commands.h"
@@ -42,9 +44,12 @@ void check_output_is_a_new_folder(const pipeline::ModelSource& source, const Con
 }
 
 int run_convert(const ConvertOptions& o) {
-  const bool single_file = fs::path(o.output).extension() == ".safetensors";
-  SD_CHECK(single_file || fs::path(o.output).extension() != ".ckpt",
-           "{}: single files are written as .safetensors (which A1111 and ComfyUI read), not .ckpt", o.output);
+  std::string extension = fs::path(o.output).extension().string();
+  std::transform(extension.begin(), extension.end(), extension.begin(),
+                 [](unsigned char c) { return std::tolower(c); });
+  const bool single_file = extension == ".safetensors";
+  SD_CHECK(extension != ".ckpt" && extension != ".pt" && extension != ".bin",
+           "{}: single files are written as .safetensors (which A1111 and ComfyUI read), not {}", o.output, extension);
   SD_CHECK(!single_file || o.variant.empty(), "--variant names the files of a pipeline folder; {} is a single file",
            o.output);
   const fs::path out_dir = single_file ? fs::path(o.output).parent_path() : fs::path(o.output);

@@ -116,6 +116,12 @@ TEST(Cli, InitAndConvertReplaceAPipelineOnlyWithOverwrite) {
                                           "OUTPUT " + copy + ": already holds a pipeline"));
   ASSERT_EQ(run_command(sdtrain("convert " + m + " " + copy + " --variant fp16 --overwrite")).exit_code, 0);
   EXPECT_TRUE(std::filesystem::exists(copy + "/unet/diffusion_pytorch_model.fp16.safetensors"));
+  const std::string single = (dir.path() / "m.SafeTensors").string(), pickle = (dir.path() / "m.CKPT").string();
+  ASSERT_EQ(run_command(sdtrain("convert " + m + " " + single)).exit_code, 0);
+  EXPECT_TRUE(std::filesystem::is_regular_file(single));
+  EXPECT_TRUE(sd::test::is_one_line_error(
+      run_command(sdtrain("convert " + m + " " + pickle)),
+      pickle + ": single files are written as .safetensors (which A1111 and ComfyUI read), not .ckpt"));
   ASSERT_EQ(run_command(sdtrain("init --preset tiny --seed 3 --out " + m + " --overwrite")).exit_code, 0);
   EXPECT_NE(io::read_text_file(m + unet), before);
 }
