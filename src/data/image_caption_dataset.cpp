@@ -37,8 +37,10 @@ DecodedSample ImageCaptionDataset::decode(int64_t index) const {
       EncodedSample sample = read(candidate);
       return {decode_image(sample.image, describe(candidate)), std::move(sample.captions)};
     } catch (const UnusableSample& e) {
-      log::warn_every_rank("{}; the next sample is used in its place ({} sample(s) replaced so far)", e.what(),
-                           ++replaced_);
+      const std::lock_guard<std::mutex> lock(replaced_mutex_);
+      if (replaced_.insert(candidate).second)
+        log::warn_every_rank("{}; the next sample is used in its place ({} sample(s) replaced so far)", e.what(),
+                             replaced_.size());
     }
   }
   fail("none of the {} training samples can be used (every image fails to decode or has no readable caption)", n);

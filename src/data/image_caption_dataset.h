@@ -2,9 +2,10 @@
 // or WebDataset tar shards (data/webdataset.h). A dataset is map-style: sample i's encoded image and captions can be
 // read on their own, on any thread, so the sampler's permutation decides what each rank reads and nothing else does.
 #pragma once
-#include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "core/error.h"
@@ -49,13 +50,16 @@ class ImageCaptionDataset {
   // Keeps the samples at `indices`, in that order.
   virtual void select(const std::vector<int64_t>& indices) = 0;
 
-  // Sample `index` decoded; if it is unusable, the next sample (wrapping around) that is, with a warning counting
-  // the replacements so far. The replacement depends on the index alone, so every rank and every resumed run trains
-  // on the same one. Throws sd::Error when a file cannot be read, or when no sample at all is usable.
+  // Sample `index` decoded; if it is unusable, the next sample (wrapping around) that is, with a warning the first
+  // time each sample is replaced, counting them. The replacement depends on the index alone, so every rank and every
+  // resumed run trains on the same one. Throws sd::Error when a file cannot be read, or when no sample at all is
+  // usable.
   DecodedSample decode(int64_t index) const;
 
  private:
-  mutable std::atomic<int64_t> replaced_{0};
+  // Loader threads decode concurrently.
+  mutable std::mutex replaced_mutex_;
+  mutable std::unordered_set<int64_t> replaced_;
 };
 
 // The size of every sample's image, read from the headers alone, on `threads` threads (for aspect-ratio buckets).

@@ -52,6 +52,16 @@ void add_sample(const std::string& key, const Members& members, const fs::path& 
                            static_cast<uint32_t>(caption->size), shard, members.count("txt") == 0});
 }
 
+// The member name in the ustar header block `header`: its prefix field, a slash and its name field.
+std::string ustar_member_name(const std::string& header) {
+  auto field = [&](size_t at, size_t size) {
+    const std::string text = header.substr(at, size);
+    return text.substr(0, text.find('\0'));
+  };
+  const std::string prefix = header.compare(257, 5, "ustar") == 0 ? field(345, 155) : "";
+  return prefix.empty() ? field(0, 100) : prefix + "/" + field(0, 100);
+}
+
 }  // namespace
 
 ShardIndex index_shard(const fs::path& path, uint32_t shard) {
@@ -125,8 +135,17 @@ std::string WebDatasetShards::image_head(int64_t index, uint64_t bytes) const {
 
 std::string WebDatasetShards::describe(int64_t index) const {
   const ShardSample& sample = samples_.at(index);
-  return fmt::format("{} (the sample whose image starts at byte {})", shards_[sample.shard].string(),
-                     sample.image_offset);
+  const fs::path& shard = shards_[sample.shard];
+  // The index keeps offsets, not keys (32 bytes a sample); a message reads the image's header block for its key.
+  constexpr uint64_t kBlock = 512;
+  try {
+    const std::string header = io::read_entry(shard, {"header", sample.image_offset - kBlock, kBlock});
+    if (const auto key_and_extension = split_sample_key(ustar_member_name(header)))
+      return fmt::format("{}: sample '{}'", shard.string(), key_and_extension->first);
+  } catch (const Error&) {
+    // The shard changed since indexing; the offset still names the sample.
+  }
+  return fmt::format("{} (the sample whose image starts at byte {})", shard.string(), sample.image_offset);
 }
 
 std::string WebDatasetShards::caption_of(int64_t index, const std::string& bytes) const {

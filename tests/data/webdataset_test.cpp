@@ -121,13 +121,21 @@ TEST(WebDataset, ShardsReadEachSampleWithOnePreadAndReplaceUndecodableImages) {
   EXPECT_EQ(shards.read(2).captions, std::vector<std::string>{"from the caption column"});
   EXPECT_EQ(shards.read(3).captions, std::vector<std::string>{"img2dataset's key"});
   EXPECT_THROW(shards.read(4), UnusableSample);
-  EXPECT_NE(shards.describe(1).find("0.tar (the sample whose image starts at byte"), std::string::npos);
+  EXPECT_EQ(shards.describe(1), (dir.path() / "0.tar").string() + ": sample 'b'");
 
-  // b's image does not decode and e has no caption: each is replaced by the sample after it, wrapping around.
+  // b's image does not decode and e has no caption: each is replaced by the sample after it, wrapping around, with
+  // one warning per replaced sample however often it is drawn.
+  testing::internal::CaptureStderr();
   EXPECT_EQ(shards.decode(0).image.pixels[0], 10);
   EXPECT_EQ(shards.decode(1).image.pixels[0], 30);
   EXPECT_EQ(shards.decode(1).captions, std::vector<std::string>{"from the caption column"});
   EXPECT_EQ(shards.decode(4).image.pixels[0], 10);
+  const std::string warnings = testing::internal::GetCapturedStderr();
+  EXPECT_NE(warnings.find("0.tar: sample 'b': "), std::string::npos) << warnings;
+  EXPECT_NE(warnings.find("(1 sample(s) replaced so far)"), std::string::npos) << warnings;
+  EXPECT_NE(warnings.find("1.tar: sample 'e': no .txt caption"), std::string::npos) << warnings;
+  EXPECT_NE(warnings.find("(2 sample(s) replaced so far)"), std::string::npos) << warnings;
+  EXPECT_EQ(warnings.find("(3 sample(s)"), std::string::npos) << warnings;
 
   // Only the headers of images are read to bucket them.
   const std::vector<Resolution> sizes = image_sizes(shards, {9, 9}, 2);
