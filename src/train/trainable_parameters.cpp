@@ -308,8 +308,22 @@ json TrainableParameters::save(const fs::path& dir, const WholeTensorFiles& whol
   }
   fs::create_directories((dir / shard_file(rank_, comm_->world_size())).parent_path());
   io::save_safetensors(dir / shard_file(rank_, comm_->world_size()), mine);
+  mine.clear();
+  // The weights (and their EMA) also whole, where an unsharded checkpoint keeps them: what diffusers and `sdtrain
+  // generate` load. A resume reads the pieces; one kind at a time is gathered, to bound rank 0's memory.
+  write_whole(dir, StateKind::kMaster, whole.master_file, whole.master_key);
+  if (ema_) write_whole(dir, StateKind::kEma, whole.ema_file, whole.ema_key);
   manifest["pieces"] = std::move(pieces);
   return manifest;
+}
+
+void TrainableParameters::write_whole(const fs::path& dir, StateKind kind, const std::string& file,
+                                      const std::string& key) {
+  io::TensorMap tensors;
+  for (auto& [name, tensor] : gather(kind)) tensors[fill_key(key, name)] = std::move(tensor);
+  if (rank_ != 0) return;
+  fs::create_directories((dir / file).parent_path());
+  io::save_safetensors(dir / file, tensors);
 }
 
 namespace {

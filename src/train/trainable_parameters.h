@@ -51,8 +51,9 @@ struct TrainableOptions {
 enum class StateKind { kMaster, kExpAvg, kExpAvgSq, kEma };
 const char* state_kind_name(StateKind kind);
 
-// Where a checkpoint keeps whole tensors when one rank holds everything (no sharding), so the files are useful on
-// their own (e.g. unet/diffusion_pytorch_model.safetensors loads in diffusers). `{}` in a key is the parameter name.
+// Where a checkpoint keeps whole tensors, so the files are useful on their own (e.g.
+// unet/diffusion_pytorch_model.safetensors loads in diffusers): every state when one rank holds everything (no
+// sharding), the weights and their EMA also beside the shards of a sharded run. `{}` in a key is the parameter name.
 struct WholeTensorFiles {
   std::string master_file = "model.safetensors";
   std::string master_key = "{}";
@@ -93,7 +94,8 @@ class TrainableParameters {
   std::unique_ptr<ComputeSwap> swap_in_ema();
 
   // Writes this rank's state under `dir` (every rank; files as `whole` names them when one rank holds everything,
-  // else shards/rank-R-of-W.safetensors) and returns the manifest entries describing every rank's pieces.
+  // else shards/rank-R-of-W.safetensors plus the whole weights and EMA) and returns the manifest entries describing
+  // every rank's pieces.
   nlohmann::json save(const std::filesystem::path& dir, const WholeTensorFiles& whole);
   // Reads this rank's slices back from a checkpoint written by save() on any number of ranks, sharded or not.
   void load(const std::filesystem::path& dir, const nlohmann::json& manifest_state);
@@ -105,6 +107,8 @@ class TrainableParameters {
   void refresh_compute_weights(StateKind from);
   void all_gather_compute_weights();
   std::vector<at::Tensor>& state_of(StateKind kind);
+  // Gathers one state whole and writes it on rank 0 as `file`, under `key` ({} = the parameter's name).
+  void write_whole(const std::filesystem::path& dir, StateKind kind, const std::string& file, const std::string& key);
 
   std::vector<NamedParameter> params_;
   TrainableOptions options_;

@@ -5,7 +5,10 @@
 #include <fstream>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "dist/store_listen.h"
+#include "io/atomic_file.h"
 #include "io/safetensors.h"
 #include "process_util.h"
 #include "test_util.h"
@@ -68,6 +71,26 @@ TEST_F(UNetTrainingDist, ShardedCheckpointResumesOnOneAndOnThreeRanks) {
   for (const char* shard : {"shards/rank-00000-of-00002.safetensors", "shards/rank-00001-of-00002.safetensors",
                             "manifest.json", "unet/config.json", "unet_ema/config.json"})
     EXPECT_TRUE(fs::exists(split / "checkpoint-2" / shard)) << shard;
+  // Beside the shards, the weights and their EMA whole, as diffusers loads them: the pieces put together.
+  const fs::path checkpoint = split / "checkpoint-2";
+  const nlohmann::json manifest = nlohmann::json::parse(io::read_text_file(checkpoint / "manifest.json"));
+  std::map<std::string, io::TensorMap> shards;
+  for (const auto& [kind, file] : {std::pair{"master", "unet"}, std::pair{"ema", "unet_ema"}}) {
+    const io::TensorMap whole_weights = io::load_safetensors(checkpoint / file / "diffusion_pytorch_model.safetensors");
+    ASSERT_EQ(whole_weights.size(), unet(whole).size()) << file;
+    int64_t compared = 0;
+    for (const auto& piece : manifest["trained"]["pieces"]) {
+      if (piece["kind"] != kind) continue;
+      const std::string shard = piece["file"];
+      if (!shards.count(shard)) shards[shard] = io::load_safetensors(checkpoint / shard);
+      const at::Tensor expected = whole_weights.at(piece["param"]).flatten().slice(0, piece["begin"], piece["end"]);
+      EXPECT_TRUE(at::equal(shards[shard].at(piece["key"]), expected)) << file << " " << piece.dump();
+      compared += piece["end"].get<int64_t>() - piece["begin"].get<int64_t>();
+    }
+    int64_t elements = 0;
+    for (const auto& [name, t] : whole_weights) elements += t.numel();
+    EXPECT_EQ(compared, elements) << file;
+  }
 
   struct Resume {
     int ranks;
