@@ -49,7 +49,9 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, BatchLayout layout,
            layout_.accumulation, layout_.world);
 }
 
-int64_t DistributedSampler::steps_per_epoch() const { return epoch_size_ / layout_.global(); }
+int64_t steps_per_epoch(int64_t samples, const BatchLayout& layout) {
+  return (samples + layout.global() - 1) / layout.global();
+}
 
 std::vector<int64_t> DistributedSampler::epoch_order(int64_t epoch) const {
   std::vector<int64_t> order = permutation(size_, Stream::kDataOrder, seed_, epoch);
@@ -78,9 +80,12 @@ std::vector<int64_t> DistributedSampler::micro_batch(int64_t step, int64_t micro
     cached_order_ = epoch_order(epoch);
     cached_epoch_ = epoch;
   }
-  const std::vector<int64_t>& order = cached_order_;
   const int64_t start = step_in_epoch * layout_.global() + (micro * layout_.world + rank) * layout_.batch;
-  return std::vector<int64_t>(order.begin() + start, order.begin() + start + layout_.batch);
+  std::vector<int64_t> indices;
+  // Past the epoch's end (its last step only): from its start again. With buckets epoch_size_ is a multiple of
+  // batch, so a micro-batch still comes whole from one bucket.
+  for (int64_t p = start; p < start + layout_.batch; ++p) indices.push_back(cached_order_[p % epoch_size_]);
+  return indices;
 }
 
 BatchPlanner::BatchPlanner(int64_t dataset_size, BatchLayout layout, int rank, const uint64_t& seed,

@@ -1,7 +1,9 @@
 // Data order for data-parallel training. Each epoch is a permutation of the dataset drawn from (seed, epoch); an
 // optimizer step consumes the next `global_batch` indices of it, split into micro-batches of `batch` per rank:
 // micro-batch m of rank r takes positions (m * world + r) * batch ... + batch. The same samples make up an optimizer
-// step whatever the world size, so 1 rank with accumulation and N ranks without train on the same data.
+// step whatever the world size, so 1 rank with accumulation and N ranks without train on the same data. The
+// epoch's last global batch, when the epoch runs out before it is full, is filled from the start of the epoch's
+// order (as accelerate's even_batches fills it across processes), so every step has the same size.
 // With aspect-ratio buckets every micro-batch must hold images of one size: the epoch's permutation is grouped by
 // bucket into micro-batches (a bucket's last incomplete one is left out), and these are put in an order drawn from
 // (seed, epoch) too. Every rank computes the same plan, so both properties survive bucketing.
@@ -19,6 +21,10 @@ struct BatchLayout {
   int64_t global() const { return batch * accumulation * world; }
 };
 
+// Optimizer steps in an epoch of `samples`: the last, incomplete global batch counts, as diffusers' scripts count
+// an epoch (a DataLoader without drop_last).
+int64_t steps_per_epoch(int64_t samples, const BatchLayout& layout);
+
 class DistributedSampler {
  public:
   // `bucket_of`: the bucket of every sample, with aspect-ratio buckets; empty without.
@@ -26,8 +32,7 @@ class DistributedSampler {
 
   // Samples one epoch's order holds: the dataset, or with buckets the samples of whole micro-batches.
   int64_t samples_per_epoch() const { return epoch_size_; }
-  // Optimizer steps in one epoch: the incomplete last global batch is dropped, so every step has the same size.
-  int64_t steps_per_epoch() const;
+  int64_t steps_per_epoch() const { return data::steps_per_epoch(epoch_size_, layout_); }
   // Dataset indices of micro-batch `micro` of rank `rank` at optimizer step `step` (counted from the run's start).
   std::vector<int64_t> micro_batch(int64_t step, int64_t micro, int64_t rank) const;
   // The order of one epoch: a permutation of the dataset, or with buckets of its samples in whole micro-batches.

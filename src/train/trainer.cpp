@@ -104,8 +104,8 @@ Trainer::Trainer(const TrainerOptions& options, RunContext& context, Task& task)
   const data::BatchLayout& layout = context_.layout;
   state_.seed = context_.seed;
   state_.global_batch = layout.global();
-  steps_per_epoch_ = task_.dataset_size() / layout.global();
-  SD_CHECK(task_.dataset_size() == 0 || steps_per_epoch_ > 0,
+  steps_per_epoch_ = data::steps_per_epoch(task_.dataset_size(), layout);
+  SD_CHECK(task_.dataset_size() == 0 || task_.dataset_size() >= layout.global(),
            "the dataset has {} samples, fewer than one global batch ({} per rank x {} accumulation x {} ranks); "
            "lower the batch size or add data",
            task_.dataset_size(), layout.batch, layout.accumulation, layout.world);

@@ -23,8 +23,24 @@ std::vector<int64_t> step_samples(const DistributedSampler& s, const BatchLayout
 TEST(DistributedSampler, SameSamplesPerStepWhateverTheWorldSize) {
   BatchLayout one{2, 3, 1}, three{2, 1, 3};
   DistributedSampler a(50, one, 7), b(50, three, 7);
-  EXPECT_EQ(a.steps_per_epoch(), 8);
+  EXPECT_EQ(a.steps_per_epoch(), 9);  // 50 / 6, rounded up
   for (int64_t step = 0; step < 20; ++step) EXPECT_EQ(step_samples(a, one, step), step_samples(b, three, step));
+}
+
+// As diffusers counts an epoch (a DataLoader without drop_last): 6 images in batches of 4 are 2 steps. The short
+// last batch is filled from the start of the epoch's order, so every step has the same size.
+TEST(DistributedSampler, TheLastIncompleteBatchOfAnEpochIsFilledFromItsStart) {
+  EXPECT_EQ(steps_per_epoch(6, BatchLayout{4, 1, 1}), 2);
+  EXPECT_EQ(steps_per_epoch(8, BatchLayout{4, 1, 1}), 2);
+  EXPECT_EQ(steps_per_epoch(9, BatchLayout{2, 2, 2}), 2);
+  const BatchLayout layout{2, 3, 1};
+  const DistributedSampler s(50, layout, 7);
+  const std::vector<int64_t> order = s.epoch_order(0);
+  std::vector<int64_t> expected = {order[48], order[49], order[0], order[1], order[2], order[3]};
+  std::sort(expected.begin(), expected.end());
+  EXPECT_EQ(step_samples(s, layout, 8), expected);
+  const std::vector<int64_t> next_epoch = s.epoch_order(1);
+  EXPECT_EQ(s.micro_batch(9, 0, 0), std::vector<int64_t>(next_epoch.begin(), next_epoch.begin() + 2));
 }
 
 TEST(DistributedSampler, EpochIsAPermutationAndEpochsDiffer) {

@@ -68,7 +68,7 @@ UNetTrainingTask::UNetTrainingTask(const UNetTrainingOptions& o, RunContext& con
   SD_CHECK(!replay_steps_ || !o.training.max_train_steps || *o.training.max_train_steps <= *replay_steps_,
            "--max_train_steps {} exceeds the {} step(s) --replay_inputs holds", o.training.max_train_steps.value_or(0),
            replay_steps_.value_or(0));
-  steps_per_epoch_ = planner_->samples_per_epoch() / context_.layout.global();
+  steps_per_epoch_ = data::steps_per_epoch(planner_->samples_per_epoch(), context_.layout);
 }
 
 void UNetTrainingTask::load_models(bool with_encoders) {
