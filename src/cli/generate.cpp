@@ -19,6 +19,7 @@
 #include "io/atomic_file.h"
 #include "io/image.h"
 #include "io/safetensors.h"
+#include "io/tensor_file.h"
 #include "pipeline/embedding_file.h"
 #include "pipeline/img2img.h"
 #include "pipeline/lora_file.h"
@@ -83,10 +84,14 @@ at::Tensor read_init_latents(const fs::path& path) {
   } catch (const Error& e) {
     fail("--init_latents: {}", e.what());
   }
-  if (auto it = tensors.find("latents"); it != tensors.end()) return it->second;
-  SD_CHECK(tensors.size() == 1, "--init_latents {}: expected a tensor named 'latents' or a single tensor, found {}",
-           path.string(), tensors.size());
-  return tensors.begin()->second;
+  auto it = tensors.find("latents");
+  if (it == tensors.end()) {
+    SD_CHECK(tensors.size() == 1, "--init_latents {}: expected a tensor named 'latents' or a single tensor, found {}",
+             path.string(), tensors.size());
+    it = tensors.begin();
+  }
+  io::check_finite(it->second, "--init_latents " + path.string(), it->first);
+  return it->second;
 }
 
 // The decoded init image; a missing or unreadable file names the flag.
@@ -215,7 +220,7 @@ int run_generate(GenerateOptions o) {
   }
   std::vector<pipeline::EmbeddingFile> embeddings;
   for (const auto& path : o.embeddings) embeddings.push_back(pipeline::load_embedding_file(path));
-  for (const auto& path : o.loras) SD_CHECK(fs::is_regular_file(path), "--lora {}: no such file", path);
+  for (const auto& path : o.loras) SD_CHECK(fs::exists(path), "--lora {}: no such file or folder", path);
 
   // The pipeline and what is loaded into it.
   // The UNet and VAE in the frozen-model dtype of the training policy: bf16, or float32 where bf16 is slow.
@@ -305,7 +310,8 @@ void add_generate(CLI::App& app, std::function<int()>& chosen) {
   repeated_flag(cmd, "--embeddings", o->embeddings,
                 "A textual-inversion embedding file (diffusers learned_embeds or A1111 format; repeatable)");
   repeated_flag(cmd, "--lora", o->loras,
-                "A LoRA file (diffusers pytorch_lora_weights.safetensors or kohya/A1111 format; repeatable)");
+                "A LoRA file (diffusers pytorch_lora_weights.safetensors or .bin, or kohya/A1111 format) or a folder "
+                "holding pytorch_lora_weights.*; repeatable");
   repeated_flag(
       cmd, "--lora_scale", o->lora_scales,
       "Strength of the --lora given in the same position (default 1; diffusers' cross_attention_kwargs scale)");

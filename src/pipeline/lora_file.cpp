@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "io/safetensors.h"
+#include "io/tensor_file.h"
 #include "models/lora.h"
 
 namespace sd::pipeline {
@@ -99,6 +100,17 @@ std::map<std::string, std::pair<LoraComponent, std::string>> kohya_paths(StableD
   return paths;
 }
 
+// A LoRA file, or the one diffusers' load_lora_weights reads from a folder.
+fs::path lora_file_in(const fs::path& path) {
+  if (!fs::is_directory(path)) {
+    SD_CHECK(fs::is_regular_file(path), "{}: no such LoRA file", path.string());
+    return path;
+  }
+  for (const char* name : {"pytorch_lora_weights.safetensors", "pytorch_lora_weights.bin"})
+    if (fs::is_regular_file(path / name)) return path / name;
+  fail("{}: a folder without pytorch_lora_weights.safetensors or pytorch_lora_weights.bin", path.string());
+}
+
 }  // namespace
 
 LoraFormat parse_lora_format(const std::string& name) {
@@ -134,9 +146,10 @@ void save_lora_file(const fs::path& path, const LoraWeights& weights, LoraFormat
   io::save_safetensors(path, tensors, header);
 }
 
-LoraWeights load_lora_file(const fs::path& path, StableDiffusion& pipe) {
-  SD_CHECK(fs::is_regular_file(path), "{}: no such LoRA file", path.string());
-  const io::SafeTensorsFile file(path);
+LoraWeights load_lora_file(const fs::path& given, StableDiffusion& pipe) {
+  const fs::path path = lora_file_in(given);
+  const std::unique_ptr<io::TensorFile> opened = io::open_tensor_file(path);
+  const io::TensorFile& file = *opened;
   const std::string name = path.string();
   std::optional<std::map<std::string, std::pair<LoraComponent, std::string>>> kohya;  // built on the first kohya key
   struct Pending {

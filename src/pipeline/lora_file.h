@@ -46,9 +46,11 @@ std::string diffusers_lora_key(LoraComponent component, const std::string& modul
 void save_lora_file(const std::filesystem::path& path, const LoraWeights& weights, LoraFormat format,
                     const std::map<std::string, std::string>& metadata = {});
 
-// Reads a file in either format, told apart by its key names. Kohya's names lose the dots of module paths, so they
-// are resolved against the pipeline's own layers. Throws one sd::Error line naming the file (and the key) for a
-// missing file, an unknown key, a kohya name no layer has, or a down without its up.
+// Reads a file in either format, told apart by its key names: safetensors, or a torch.save .bin as diffusers 0.24
+// also writes; a folder stands for its pytorch_lora_weights.safetensors (else .bin), as load_lora_weights(folder)
+// reads. Kohya's names lose the dots of module paths, so they are resolved against the pipeline's own layers.
+// Throws one sd::Error line naming the file (and the key) for a missing file, an unknown key, a kohya name no layer
+// has, or a down without its up.
 LoraWeights load_lora_file(const std::filesystem::path& path, StableDiffusion& pipe);
 
 // Attaches every adapter to the pipeline's UNet or text encoder with strength `scale`. Throws one sd::Error line

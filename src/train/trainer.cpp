@@ -341,17 +341,28 @@ void Trainer::resume_from(const fs::path& dir) {
 void Trainer::resume_from_manifest(const fs::path& dir, const json& manifest) {
   SD_CHECK(manifest.at("task") == task_.name(), "{}: a {} checkpoint cannot resume a {} run", dir.string(),
            manifest.at("task").get<std::string>(), task_.name());
-  const json identity = task_.identity();
+  // Every setting that differs, so a changed --lora_rank is not reported as the --lora_alpha it implies.
+  std::vector<std::string> trained, asked;
+  const json identity = task_.identity();  // items() refers into it
   for (const auto& [key, value] : identity.items()) {
     const json stored = manifest.at("identity").value(key, json());
-    SD_CHECK(stored == value, "{}: the checkpoint was trained with {} = {}, this run has {}", dir.string(), key,
-             stored.dump(), value.dump());
+    if (stored == value) continue;
+    trained.push_back(fmt::format("--{} {}", key, stored.dump()));
+    asked.push_back(fmt::format("--{} {}", key, value.dump()));
   }
+  SD_CHECK(trained.empty(), "{}: the checkpoint was trained with {}; this run has {}", dir.string(),
+           fmt::join(trained, " and "), fmt::join(asked, " and "));
   const TrainingState stored = TrainingState::from_json(io::JsonConfig::load(dir / "training_state.json").raw(),
                                                         (dir / "training_state.json").string());
   if (stored.global_batch != state_.global_batch)
     log::warn("{}: the global batch changes from {} to {}; the data order will differ from the original run",
               dir.string(), stored.global_batch, state_.global_batch);
+  if (options_.seed && *options_.seed != stored.seed)
+    log::warn("{}: --seed {} is ignored: a resumed run continues the checkpoint's random draws (seed {})", dir.string(),
+              *options_.seed, stored.seed);
+  if (stored.step >= max_steps_)
+    log::warn("{}: the checkpoint is at step {}, --max_train_steps is {}: nothing is left to train", dir.string(),
+              stored.step, max_steps_);
   state_.step = stored.step;
   state_.seed = context_.seed = stored.seed;  // tasks draw their randomness from the context's seed
   state_.samples_seen = stored.samples_seen;

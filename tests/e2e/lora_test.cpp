@@ -2,6 +2,10 @@
 // trained by `sdtrain train --lora_rank` on the fixture images, exported in both formats, generating the same images
 // from either file, merged or not; resume and two sharded ranks reproducing one rank; one clear line for bad input.
 
+#include <torch/serialize.h>
+
+#include <fstream>
+
 #include "io/atomic_file.h"
 #include "io/image.h"
 #include "io/safetensors.h"
@@ -60,6 +64,21 @@ TEST(LoraE2E, BinaryReproducesTheDiffusersLoraImageMergedOrNot) {
     const at::Tensor png = png_pixels(dir.path() / "png" / "p0-s0-i0.png").to(at::kInt);
     EXPECT_LE((png - expected_png).abs().max().item<int64_t>(), 1) << "PNG pixels vs the golden image";
   }
+}
+
+// diffusers 0.24 without safetensors writes pytorch_lora_weights.bin (torch.save); a folder stands for it.
+TEST(LoraE2E, ATorchSaveLoraInAFolderGivesTheSafetensorsImage) {
+  const fs::path reference = sd::test::golden("tiny-sd1/lora_diffusers.safetensors");
+  c10::impl::GenericDict state(c10::StringType::get(), c10::TensorType::get());
+  for (const auto& [name, tensor] : io::load_safetensors(reference)) state.insert(name, tensor);
+  const std::vector<char> bytes = torch::pickle_save(state);
+  sd::test::TempDir a, b;
+  fs::create_directories(a.path() / "lora");
+  std::ofstream(a.path() / "lora" / "pytorch_lora_weights.bin", std::ios::binary)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  const at::Tensor from_bin = generate_c11(a.path(), {"--lora=" + (a.path() / "lora").string(), "--lora_scale=0.7"});
+  const at::Tensor from_safetensors = generate_c11(b.path(), {"--lora=" + reference.string(), "--lora_scale=0.7"});
+  EXPECT_TRUE(at::equal(from_bin, from_safetensors));
 }
 
 std::vector<std::string> lora_train_command(const fs::path& data, const fs::path& out,
@@ -174,6 +193,29 @@ TEST(LoraE2E, BadInputs) {
     EXPECT_NE(result.output.find("\nsdtrain: error: " + fragment + "\n"), std::string::npos) << result.output;
     EXPECT_EQ(result.output.find("terminate called"), std::string::npos) << result.output;
   };
+  // Resuming with another rank names the rank, not only the alpha that follows from it.
+  const fs::path resumable = dir.path() / "resumable";
+  ASSERT_EQ(sd::test::run_process(
+                lora_train_command(data, resumable, {"--max_train_steps=1", "--checkpointing_steps=1"}), 300s)
+                .exit_code,
+            0);
+  const auto other_rank = sd::test::run_command(command_line(lora_train_command(
+      data, resumable, {"--max_train_steps=2", "--resume_from_checkpoint=latest", "--lora_rank=8"})));
+  EXPECT_NE(other_rank.output.find("\nsdtrain: error: " + (resumable / "checkpoint-1").string() +
+                                   ": the checkpoint was trained with --lora_alpha 4.0 and --lora_rank 4; this run "
+                                   "has --lora_alpha 8.0 and --lora_rank 8\n"),
+            std::string::npos)
+      << other_rank.output;
+  // What a resume overrides or finds already done is said, not silently taken.
+  const auto done = sd::test::run_command(command_line(
+      lora_train_command(data, resumable, {"--max_train_steps=1", "--resume_from_checkpoint=latest", "--seed=9"})));
+  EXPECT_EQ(done.exit_code, 0) << done.output;
+  EXPECT_NE(done.output.find("--seed 9 is ignored: a resumed run continues the checkpoint's random draws (seed 7)"),
+            std::string::npos)
+      << done.output;
+  EXPECT_NE(done.output.find("the checkpoint is at step 1, --max_train_steps is 1: nothing is left to train"),
+            std::string::npos)
+      << done.output;
   train_error({"--lora_target_modules=to_q,to_x"},
               "--lora_target_modules: 'to_x' matches no Linear or Conv2d layer of the UNet");
   EXPECT_TRUE(sd::test::is_one_line_error(
@@ -194,7 +236,12 @@ TEST(LoraE2E, BadInputs) {
     EXPECT_TRUE(sd::test::is_one_line_error(sd::test::run_command(command_line(command)), fragment))
         << command_line(command);
   };
-  generate_error({"--lora=/nonexistent/lora.safetensors"}, "--lora /nonexistent/lora.safetensors: no such file");
+  generate_error({"--lora=/nonexistent/lora.safetensors"},
+                 "--lora /nonexistent/lora.safetensors: no such file or folder");
+  fs::create_directories(dir.path() / "empty");
+  generate_error({"--lora=" + (dir.path() / "empty").string()},
+                 (dir.path() / "empty").string() +
+                     ": a folder without pytorch_lora_weights.safetensors or pytorch_lora_weights.bin");
   const std::string golden = sd::test::golden("tiny-sd1/lora_diffusers.safetensors").string();
   generate_error({"--lora=" + golden, "--lora=" + golden, "--lora_scale=0.5"},
                  "--lora_scale given 1 time(s) for 2 --lora file(s)");
