@@ -44,6 +44,7 @@ void check_output_is_a_new_folder(const pipeline::ModelSource& source, const Con
 }
 
 int run_convert(const ConvertOptions& o) {
+  SD_CHECK(!o.output.empty(), "OUTPUT: expected a folder or a .safetensors file, got an empty path");
   std::string extension = fs::path(o.output).extension().string();
   std::transform(extension.begin(), extension.end(), extension.begin(),
                  [](unsigned char c) { return std::tolower(c); });

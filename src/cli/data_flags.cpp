@@ -31,7 +31,7 @@ void add_bucket_flags(CLI::App* cmd, data::TrainingDataOptions& o, const std::st
       ->group(group);
   flag(cmd, "--min_bucket_reso", o.min_bucket_reso, "Smallest bucket side")->check(in_range(8, 16384))->group(group);
   flag(cmd, "--max_bucket_reso", o.max_bucket_reso, "Largest bucket side")->check(in_range(8, 16384))->group(group);
-  flag(cmd, "--bucket_reso_steps", o.bucket_reso_steps, "Bucket sides are multiples of this")
+  flag(cmd, "--bucket_reso_steps", o.bucket_reso_steps, "Bucket sides are multiples of this (itself a multiple of 8)")
       ->check(in_range(1, 16384))
       ->group(group);
 }

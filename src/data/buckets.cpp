@@ -19,7 +19,8 @@ int round_half_up(double x) { return static_cast<int>(x + 0.5); }
 
 BucketSettings adjusted_to_steps(const BucketSettings& settings) {
   const int steps = settings.bucket_reso_steps;
-  SD_CHECK(steps > 0, "--bucket_reso_steps is {}; expected a positive number of pixels", steps);
+  // Bucket sides must survive the VAE's and the UNet's halvings, as --resolution must.
+  SD_CHECK(steps > 0 && steps % 8 == 0, "--bucket_reso_steps is {}; expected a positive multiple of 8 pixels", steps);
   SD_CHECK(settings.min_bucket_reso > 0, "--min_bucket_reso is {}; expected a positive number of pixels",
            settings.min_bucket_reso);
   SD_CHECK(settings.resolution.width > 0 && settings.resolution.height > 0,

@@ -130,6 +130,17 @@ class QuietC10Logs {
   int32_t saved_ = 0;
 };
 
+// Why `host` does not resolve ("Name or service not known"), or nullopt when it does.
+std::optional<std::string> resolution_failure(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int status = getaddrinfo(host.c_str(), nullptr, &hints, &found);
+  if (found) freeaddrinfo(found);
+  if (status == 0) return std::nullopt;
+  return std::string(gai_strerror(status));
+}
+
 // The local address this machine uses to reach `host`: Gloo binds there unless told an interface, so ranks on
 // other machines get an address they can route to (the default device would take whatever the hostname resolves
 // to, often a loopback alias).
@@ -576,6 +587,10 @@ class ProcessGroupCommunicator : public Communicator {
             "rank 0 could not host the rendezvous store on {}:{}: {} (another job on MASTER_PORT? set MASTER_PORT "
             "to a free port)",
             env_.master_addr, env_.master_port, cause);
+      // LibTorch's own message for a name that does not resolve is a socket timeout, however fast it failed.
+      if (const auto unresolved = resolution_failure(env_.master_addr))
+        fail("rank {} could not reach the master: MASTER_ADDR={} does not resolve on this machine ({})", env_.rank,
+             env_.master_addr, *unresolved);
       fail(
           "rank {} could not reach the master at {}:{} within {}: check MASTER_ADDR/MASTER_PORT, that rank 0 is "
           "running and that this machine can reach it ({})",

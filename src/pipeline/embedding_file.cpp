@@ -12,10 +12,12 @@ namespace fs = std::filesystem;
 namespace {
 
 at::Tensor as_vectors(at::Tensor t, const fs::path& path) {
+  SD_CHECK(t.is_floating_point(), "{}: the embedding is {}, expected a floating-point tensor", path.string(),
+           c10::toString(t.scalar_type()));
   if (t.dim() == 1) t = t.unsqueeze(0);
-  SD_CHECK(t.dim() == 2 && t.is_floating_point(),
-           "{}: expected an embedding of shape [num_vectors, dim] or [dim], got {}", path.string(),
-           fmt::format("{}", fmt::join(t.sizes(), "x")));
+  SD_CHECK(t.dim() == 2 && t.size(0) > 0 && t.size(1) > 0,
+           "{}: expected an embedding of shape [num_vectors, dim] or [dim], got [{}]", path.string(),
+           fmt::join(t.sizes(), ", "));
   io::check_finite(t, path.string(), "embedding");
   return t.to(at::kFloat).contiguous();
 }

@@ -2,8 +2,10 @@
 
 #include <ATen/ATen.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <map>
+#include <optional>
 
 #include "core/error.h"
 
@@ -20,6 +22,22 @@ void flatten(const json& j, const std::string& prefix, std::map<std::string, std
     return;
   }
   for (const auto& [key, value] : j.items()) flatten(value, prefix.empty() ? key : prefix + "." + key, out);
+}
+
+// A setting's value as a number, if all of its text is one: ranks launched with --learning_rate 1e-4 and 0.0001 agree.
+std::optional<double> as_number(const std::string& dumped) {
+  const json value = json::parse(dumped);
+  const std::string text = value.is_string() ? value.get<std::string>() : dumped;
+  char* end = nullptr;
+  const double number = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0') return std::nullopt;
+  return number;
+}
+
+bool same_value(const std::string& a, const std::string& b) {
+  if (a == b) return true;
+  const std::optional<double> x = as_number(a), y = as_number(b);
+  return x && y && *x == *y;
 }
 
 // Every rank's serialized settings: the lengths first, then each rank's bytes broadcast from it, so every
@@ -46,7 +64,7 @@ SettingDifference first_difference(const json& a, const json& b) {
   for (const auto& [key, value] : fa) {
     const auto other = fb.find(key);
     if (other == fb.end()) return {key, value, missing};
-    if (other->second != value) return {key, value, other->second};
+    if (!same_value(value, other->second)) return {key, value, other->second};
   }
   for (const auto& [key, value] : fb)
     if (!fa.count(key)) return {key, missing, value};

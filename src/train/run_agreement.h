@@ -15,7 +15,8 @@ namespace sd::train {
 void check_ranks_agree(dist::Communicator& comm, const nlohmann::json& settings, const std::string& what);
 
 // The first setting (a flattened key like "flags.--learning_rate") whose values differ, with both values as text
-// ("(not set)" where one side lacks it); empty when a and b are equal.
+// ("(not set)" where one side lacks it); empty when a and b are equal. Values whose whole text is a number are
+// compared as numbers ("1e-4" and "0.0001" agree).
 struct SettingDifference {
   std::string key, a, b;
 };

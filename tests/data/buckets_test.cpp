@@ -49,6 +49,8 @@ TEST(Buckets, LimitsAreRoundedToStepsAndChecked) {
   EXPECT_THROW(adjusted_to_steps(settings(512, 640)), sd::Error);           // min above the resolution
   EXPECT_THROW(adjusted_to_steps(settings(512, 256, 448)), sd::Error);      // max below it
   EXPECT_THROW(adjusted_to_steps(settings(512, 256, 1024, 0)), sd::Error);  // no steps
+  EXPECT_EQ(sd::test::error_of([] { adjusted_to_steps(settings(48, 16, 64, 12)); }),
+            "--bucket_reso_steps is 12; expected a positive multiple of 8 pixels");
 }
 
 TEST(Buckets, ImageGoesToTheNearestAspectRatioCoversItAndIsCenterCropped) {

@@ -181,6 +181,23 @@ TEST(GlooCommunicator, UnreachableMasterIsExplained) {
   }
 }
 
+TEST(GlooCommunicator, AMasterNameThatDoesNotResolveIsNamed) {
+  CommOptions opts;
+  opts.timeout = std::chrono::milliseconds(1000);
+  DistEnv env = testing::loopback_env(1, 2, find_free_port());
+  env.master_addr = "nonexistent.invalid";  // RFC 6761: never resolves
+  try {
+    make_communicator(env, opts);
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("rank 1 could not reach the master: MASTER_ADDR=nonexistent.invalid does not resolve on this "
+                       "machine ("),
+              std::string::npos)
+        << msg;
+  }
+}
+
 TEST(GlooCommunicator, WorldSizeMismatchIsAnError) {
   const int port = find_free_port();
   std::vector<std::string> errors(2);

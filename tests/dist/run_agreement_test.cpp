@@ -21,6 +21,10 @@ TEST(RunAgreement, FirstDifferenceNamesTheSettingAndBothValues) {
   EXPECT_EQ(d.key, "--learning_rate");
   EXPECT_EQ(d.a, "\"1e-4\"");
   EXPECT_EQ(d.b, "\"2e-4\"");
+  b["--learning_rate"] = "0.0001";  // the same number, written another way
+  EXPECT_TRUE(train::first_difference(a, b).key.empty());
+  b["--learning_rate"] = "0.0001x";
+  EXPECT_EQ(train::first_difference(a, b).key, "--learning_rate");
   json c = a;
   c["nested"]["x"] = 2;
   EXPECT_EQ(train::first_difference(a, c).key, "nested.x");

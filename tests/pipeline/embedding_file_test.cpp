@@ -90,6 +90,12 @@ TEST(EmbeddingFile, Errors) {
   io::save_safetensors(dir.path() / "cube.safetensors", {{"<x>", at::zeros({1, 2, 4})}});
   EXPECT_NE(error_of(dir.path() / "cube.safetensors").find("expected an embedding of shape [num_vectors, dim]"),
             std::string::npos);
+  EXPECT_NE(error_of(dir.path() / "cube.safetensors").find("got [1, 2, 4]"), std::string::npos);
+  io::save_safetensors(dir.path() / "none.safetensors", {{"<x>", at::zeros({0, 4})}});
+  EXPECT_NE(error_of(dir.path() / "none.safetensors").find("got [0, 4]"), std::string::npos);
+  io::save_safetensors(dir.path() / "ints.safetensors", {{"<x>", at::zeros({1, 4}, at::kLong)}});
+  EXPECT_NE(error_of(dir.path() / "ints.safetensors").find("the embedding is Long, expected a floating-point tensor"),
+            std::string::npos);
   std::ofstream(dir.path() / "junk.pt") << "PK garbage";
   EXPECT_NE(error_of(dir.path() / "junk.pt").find("cannot read as safetensors or torch.save file"), std::string::npos);
 }
