@@ -271,13 +271,21 @@ TEST(TrainE2E, SigtermAndTwoResumesGiveTheBitsOfAnUninterruptedRun) {
 
 TEST(TrainE2E, SyntheticLatentsFromScratch) {
   sd::test::TempDir out;
-  auto r = sd::test::run_process(
-      train_command({"--synthetic_data=latents", "--synthetic_samples=8", "--resolution=64", "--train_batch_size=2",
-                     "--max_train_steps=2", "--from_scratch", "--seed=3", "--output_dir=" + out.path().string()}),
-      120s);
+  auto r =
+      sd::test::run_process(train_command({"--synthetic_data=latents", "--synthetic_samples=8", "--resolution=64",
+                                           "--train_batch_size=2", "--max_train_steps=2", "--from_scratch", "--seed=3",
+                                           "--prediction_type=v_prediction", "--output_dir=" + out.path().string()}),
+                            120s);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(fs::exists(out.path() / "unet" / "diffusion_pytorch_model.safetensors"));
   EXPECT_NE(r.output.find("UNet initialised from"), std::string::npos) << r.output;
+  // The exported scheduler samples the target trained for; the rest of its config is the pretrained one.
+  const auto config = [](const fs::path& dir) {
+    return nlohmann::json::parse(io::read_text_file(dir / "scheduler" / "scheduler_config.json"));
+  };
+  nlohmann::json expected = config(tiny_sd1());
+  expected["prediction_type"] = "v_prediction";
+  EXPECT_EQ(config(out.path()), expected);
 }
 
 // A diverging run (a learning rate that throws the weights to ~1e38 in one step, so the next forward overflows)

@@ -58,6 +58,9 @@ UNetTrainingTask::UNetTrainingTask(const UNetTrainingOptions& o, RunContext& con
   loss_options.noise_offset = o.noise_offset;
   loss_options.input_perturbation = o.input_perturbation;
   loss_ = std::make_unique<DenoisingLoss>(pipe_->unet, ddpm.alphas_cumprod(), loss_options);
+  // Validation samples, and the exported scheduler describes, the target the UNet is trained for (diffusers' script
+  // keeps the pretrained scheduler's, so its pipeline samples a --prediction_type v_prediction model as epsilon).
+  pipe_->scheduler_config.prediction_type = loss_options.prediction_type;
   pipe_->unet->set_memory_options(o.unet_memory);
 
   data::TrainingData data = data::open_training_data(o.data, pipe_->tokenizer, model_shapes(), context_.seed,
@@ -211,6 +214,15 @@ void UNetTrainingTask::write_replay_record(const io::TensorMap& weights, const i
   io::save_safetensors(output_dir_ / "replay.safetensors", record);
 }
 
+void UNetTrainingTask::write_trained_prediction_type(const fs::path& scheduler_config) const {
+  json config = json::parse(io::read_text_file(scheduler_config));
+  const std::string trained = loss_->options().prediction_type;
+  if (config.value("prediction_type", "epsilon") == trained) return;
+  log::info("{}: prediction_type set to {}, the target the UNet was trained for", scheduler_config.string(), trained);
+  config["prediction_type"] = trained;
+  io::write_text_file(scheduler_config, config.dump(2) + "\n");
+}
+
 fs::path UNetTrainingTask::export_final(const io::TensorMap& weights, const io::TensorMap& ema) {
   fs::create_directories(output_dir_);
   if (!o_.data.replay_inputs.empty()) write_replay_record(weights, ema);
@@ -218,6 +230,7 @@ fs::path UNetTrainingTask::export_final(const io::TensorMap& weights, const io::
   // are; model_index.json, written last, marks the pipeline complete.
   write_model_folder(output_dir_ / "unet", pipe_->unet->config().to_json(), ema.empty() ? weights : ema);
   pipeline::copy_components(model_, output_dir_, {"vae", "text_encoder", "tokenizer", "scheduler"});
+  write_trained_prediction_type(output_dir_ / "scheduler" / "scheduler_config.json");
   pipeline::write_model_index(output_dir_,
                               pipe_->model_index.value("scheduler", json::array({"", "PNDMScheduler"}))[1]);
   return output_dir_;

@@ -64,6 +64,8 @@ class UNetTrainingTask : public Task {
   void encode(data::TrainingBatch& batch);
   DenoisingDraws draw(const data::TrainingBatch& batch, const data::BatchRequest& request) const;
   nlohmann::json ema_config() const;
+  // Rewrites the exported scheduler config's prediction_type when training used another one.
+  void write_trained_prediction_type(const std::filesystem::path& scheduler_config) const;
 
   at::ScalarType unet_dtype_;
   models::VaeConfig vae_config_;  // read even when the VAE is not loaded: latents are scaled by its factor
