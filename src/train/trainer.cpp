@@ -34,7 +34,8 @@ json TrainingState::to_json() const {
           {"seed", seed},
           {"global_batch", global_batch},
           {"samples_seen", samples_seen},
-          {"nonfinite_steps_skipped", nonfinite_steps_skipped}};
+          {"nonfinite_steps_skipped", nonfinite_steps_skipped},
+          {"dataset_size", dataset_size}};
 }
 
 TrainingState TrainingState::from_json(const json& j, const std::string& source) {
@@ -45,12 +46,14 @@ TrainingState TrainingState::from_json(const json& j, const std::string& source)
     s.global_batch = j.at("global_batch").get<int64_t>();
     s.samples_seen = j.value("samples_seen", s.step * s.global_batch);
     s.nonfinite_steps_skipped = j.value("nonfinite_steps_skipped", int64_t{0});
+    s.dataset_size = j.value("dataset_size", int64_t{0});
   } catch (const json::exception& e) {
     fail("{}: training state is incomplete or malformed ({})", source, e.what());
   }
-  SD_CHECK(s.step >= 0 && s.global_batch >= 1 && s.samples_seen >= 0 && s.nonfinite_steps_skipped >= 0,
-           "{}: training state has step {}, global batch {}, {} samples seen and {} skipped steps", source, s.step,
-           s.global_batch, s.samples_seen, s.nonfinite_steps_skipped);
+  SD_CHECK(s.step >= 0 && s.global_batch >= 1 && s.samples_seen >= 0 && s.nonfinite_steps_skipped >= 0 &&
+               s.dataset_size >= 0,
+           "{}: training state has step {}, global batch {}, {} samples seen, {} skipped steps and a dataset of {}",
+           source, s.step, s.global_batch, s.samples_seen, s.nonfinite_steps_skipped, s.dataset_size);
   return s;
 }
 
@@ -104,6 +107,7 @@ Trainer::Trainer(const TrainerOptions& options, RunContext& context, Task& task)
   const data::BatchLayout& layout = context_.layout;
   state_.seed = context_.seed;
   state_.global_batch = layout.global();
+  state_.dataset_size = task_.dataset_size();
   steps_per_epoch_ = data::steps_per_epoch(task_.dataset_size(), layout);
   SD_CHECK(task_.dataset_size() == 0 || task_.dataset_size() >= layout.global(),
            "the dataset has {} samples, fewer than one global batch ({} per rank x {} accumulation x {} ranks); "
@@ -357,6 +361,11 @@ void Trainer::resume_from_manifest(const fs::path& dir, const json& manifest) {
   if (stored.global_batch != state_.global_batch)
     log::warn("{}: the global batch changes from {} to {}; the data order will differ from the original run",
               dir.string(), stored.global_batch, state_.global_batch);
+  if (stored.dataset_size > 0 && stored.dataset_size != state_.dataset_size)
+    log::warn(
+        "{}: the checkpoint was trained on {} samples per epoch, this data has {}; the data order will differ "
+        "from the original run",
+        dir.string(), stored.dataset_size, state_.dataset_size);
   if (options_.seed && *options_.seed != stored.seed)
     log::warn("{}: --seed {} is ignored: a resumed run continues the checkpoint's random draws (seed {})", dir.string(),
               *options_.seed, stored.seed);

@@ -78,6 +78,7 @@ struct TrainingState {
   int64_t global_batch = 0;
   int64_t samples_seen = 0;
   int64_t nonfinite_steps_skipped = 0;  // steps whose update --skip_nonfinite_steps dropped
+  int64_t dataset_size = 0;             // samples in an epoch (0: no dataset, or a checkpoint from before it was kept)
   nlohmann::json to_json() const;
   static TrainingState from_json(const nlohmann::json& j, const std::string& source);
 };

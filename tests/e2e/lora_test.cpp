@@ -206,10 +206,16 @@ TEST(LoraE2E, BadInputs) {
                                    "has --lora_alpha 8.0 and --lora_rank 8\n"),
             std::string::npos)
       << other_rank.output;
-  // What a resume overrides or finds already done is said, not silently taken.
+  // What a resume overrides, finds changed or finds already done is said, not silently taken.
+  const fs::path more = dir.path() / "more";
+  sd::test::write_captioned_images(more, 5);
   const auto done = sd::test::run_command(command_line(
-      lora_train_command(data, resumable, {"--max_train_steps=1", "--resume_from_checkpoint=latest", "--seed=9"})));
+      lora_train_command(more, resumable, {"--max_train_steps=1", "--resume_from_checkpoint=latest", "--seed=9"})));
   EXPECT_EQ(done.exit_code, 0) << done.output;
+  EXPECT_NE(done.output.find("the checkpoint was trained on 3 samples per epoch, this data has 5; the data order will "
+                             "differ from the original run"),
+            std::string::npos)
+      << done.output;
   EXPECT_NE(done.output.find("--seed 9 is ignored: a resumed run continues the checkpoint's random draws (seed 7)"),
             std::string::npos)
       << done.output;
