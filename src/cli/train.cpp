@@ -129,12 +129,10 @@ void add_train(CLI::App& app, std::function<int()>& chosen) {
       ->description("Where the results, checkpoints and logs go (sd-model-finetuned-lora with --lora_rank)");
   cmd->callback([cmd, o, lora_rank, &chosen] {
     record_command_line(cmd, o->training);
-    if (lora_rank->count() == 0) {
-      chosen = [o] { return train::run_unet_training(*o); };
-      return;
-    }
-    if (cmd->get_option("--output_dir")->count() == 0) o->training.output_dir = "sd-model-finetuned-lora";
-    chosen = [o] { return train::run_lora_training(*o); };
+    const bool lora = lora_rank->count() != 0;
+    if (lora && cmd->get_option("--output_dir")->count() == 0) o->training.output_dir = "sd-model-finetuned-lora";
+    o->data.output_dir = o->training.output_dir;
+    chosen = [o, lora] { return lora ? train::run_lora_training(*o) : train::run_unet_training(*o); };
   });
 }
 

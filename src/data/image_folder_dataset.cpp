@@ -23,10 +23,16 @@ bool is_image_path(const fs::path& path) {
 
 namespace {
 
-std::vector<fs::path> files_under(const fs::path& dir) {
+std::vector<fs::path> files_under(const fs::path& dir, const fs::path& skip_dir) {
   std::vector<fs::path> files;
-  for (const auto& entry : fs::recursive_directory_iterator(dir))
-    if (entry.is_regular_file()) files.push_back(entry.path());
+  std::error_code ignored;
+  for (auto it = fs::recursive_directory_iterator(dir); it != fs::recursive_directory_iterator(); ++it) {
+    if (!skip_dir.empty() && it->is_directory() && fs::equivalent(it->path(), skip_dir, ignored)) {
+      it.disable_recursion_pending();
+      continue;
+    }
+    if (it->is_regular_file()) files.push_back(it->path());
+  }
   std::sort(files.begin(), files.end());
   return files;
 }
@@ -79,7 +85,7 @@ std::string kohya_caption(const fs::path& image, int64_t& missing) {
 
 ImageFolderDataset::ImageFolderDataset(const ImageFolderOptions& o) {
   SD_CHECK(fs::is_directory(o.data_dir), "--train_data_dir {}: not a directory", o.data_dir.string());
-  const std::vector<fs::path> files = files_under(o.data_dir);
+  const std::vector<fs::path> files = files_under(o.data_dir, o.skip_dir);
   std::vector<fs::path> metadata;
   for (const auto& f : files)
     if (f.filename() == "metadata.jsonl") metadata.push_back(f);

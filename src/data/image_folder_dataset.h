@@ -22,6 +22,7 @@ struct ImageFolderOptions {
   std::filesystem::path data_dir;
   std::string image_column = "image";  // "image" is imagefolder's name for the file_name column
   std::string caption_column = "text";
+  std::filesystem::path skip_dir;  // a folder inside data_dir that is not listed (the run's output_dir)
 };
 
 class ImageFolderDataset : public ImageCaptionDataset {

@@ -36,7 +36,8 @@ int loader_threads(const TrainingDataOptions& o) { return std::max(1, o.dataload
 
 std::unique_ptr<ImageCaptionDataset> open_image_captions(const TrainingDataOptions& o, int threads) {
   if (!o.train_data_dir.empty())
-    return std::make_unique<ImageFolderDataset>(ImageFolderOptions{o.train_data_dir, o.image_column, o.caption_column});
+    return std::make_unique<ImageFolderDataset>(
+        ImageFolderOptions{o.train_data_dir, o.image_column, o.caption_column, o.output_dir});
   return std::make_unique<WebDatasetShards>(resolve_shards(o.train_shards), o.caption_column, threads);
 }
 
