@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -226,6 +227,33 @@ std::string describe(const fs::filesystem_error& e) {
 
 void write_text_file(const fs::path& path, const std::string& text) {
   write_file_atomically(path, [&](FileWriter& out) { out.write(text); });
+}
+
+OutputFolderLock::OutputFolderLock(const std::string& flag, const fs::path& dir) : path_(dir / ".sdtrain.lock") {
+  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) fail("{} {}: cannot create {}: {}", flag, dir.string(), path_.filename().string(), std::strerror(errno));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int error = errno;
+    ::close(fd_);
+    fd_ = -1;
+    // A file system without locks (some network mounts): run unguarded rather than refuse to run.
+    if (error != EWOULDBLOCK) return;
+    const std::string holder = read_text_file(path_);
+    fail("{} {}: another sdtrain process (pid {}) is writing there; wait for it, or give another folder", flag,
+         dir.string(), holder.empty() ? "unknown" : holder);
+  }
+  // The pid only makes another run's message more helpful: the lock holds without it.
+  const std::string pid = std::to_string(::getpid());
+  [[maybe_unused]] const bool recorded =
+      ::ftruncate(fd_, 0) == 0 && ::write(fd_, pid.data(), pid.size()) == static_cast<ssize_t>(pid.size());
+}
+
+OutputFolderLock::~OutputFolderLock() {
+  if (fd_ < 0) return;
+  // Removed while still held, so no other run can have locked this file in between; a killed run leaves it behind,
+  // unlocked, and the next run takes it over.
+  ::unlink(path_.c_str());
+  ::close(fd_);
 }
 
 std::string read_text_file(const fs::path& path) {

@@ -67,6 +67,21 @@ extern void (*replace_directory_step_hook)(int step);
 // "--output_dir out/x: cannot create the folder: Not a directory (out is a file)".
 void check_output_dir(const std::string& flag, const std::filesystem::path& dir);
 
+// An exclusive lock on an output folder (flock on <dir>/.sdtrain.lock, holding the owner's pid), kept until
+// destroyed or until the process ends, however it ends: two runs writing one folder would interleave their
+// checkpoints and logs. Throws sd::Error naming `flag`, the folder and the holder's pid when another process has it.
+class OutputFolderLock {
+ public:
+  OutputFolderLock(const std::string& flag, const std::filesystem::path& dir);
+  ~OutputFolderLock();
+  OutputFolderLock(const OutputFolderLock&) = delete;
+  OutputFolderLock& operator=(const OutputFolderLock&) = delete;
+
+ private:
+  std::filesystem::path path_;
+  int fd_ = -1;
+};
+
 // One line for a std::filesystem error: "<path>: <what failed>: <OS reason>".
 std::string describe(const std::filesystem::filesystem_error& e);
 

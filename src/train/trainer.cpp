@@ -166,7 +166,12 @@ json Trainer::run_settings() const {
 }
 
 void Trainer::resume_and_open_outputs() {
-  if (is_main()) recover_interrupted_outputs();
+  if (is_main()) {
+    // Before anything in the folder is touched: recovery would take a running run's partial checkpoint for debris.
+    fs::create_directories(output_dir_);
+    output_lock_.emplace("--output_dir", output_dir_);
+    recover_interrupted_outputs();
+  }
   context_.comm->barrier();
   if (auto checkpoint = resolve_checkpoint(output_dir_, options_.resume_from_checkpoint)) {
     resume_from(*checkpoint);

@@ -17,6 +17,7 @@
 
 #include "data/sampler.h"
 #include "dist/communicator.h"
+#include "io/atomic_file.h"
 #include "train/adamw.h"
 #include "train/ema.h"
 #include "train/lr_schedule.h"
@@ -135,6 +136,7 @@ class Trainer {
   double base_lr_ = 0;
   int64_t max_steps_ = 0;
   int64_t steps_per_epoch_ = 0;
+  std::optional<io::OutputFolderLock> output_lock_;  // main rank only
   MetricsSink metrics_;
 };
 

@@ -77,6 +77,27 @@ TEST(ReliabilityE2E, LeftoversOfAKilledRunArePutRightByTheNextRun) {
   for (const auto& name : names_in(out / "logs")) EXPECT_EQ(name.find(".tmp"), std::string::npos) << name;
 }
 
+// Two runs into one folder would interleave checkpoints and logs: the second is refused while the first runs, and a
+// finished run leaves no lock behind.
+TEST(ReliabilityE2E, ASecondRunIntoTheSameOutputFolderIsRefused) {
+  sd::test::TempDir dir;
+  const fs::path out = dir.path() / "out";
+  sd::test::Process first(synthetic_run(out, 100000));
+  ASSERT_TRUE(first.wait_for_output("step", 120s)) << first.output();
+  const auto second = sd::test::run_process(synthetic_run(out, 2), 120s);
+  EXPECT_EQ(second.exit_code, 1) << second.output;
+  EXPECT_EQ(last_line(second.output), "sdtrain: error: --output_dir " + out.string() +
+                                          ": another sdtrain process (pid " + std::to_string(first.pid()) +
+                                          ") is writing there; wait for it, or give "
+                                          "another folder")
+      << second.output;
+  first.signal(SIGTERM);
+  ASSERT_TRUE(first.wait(120s));
+  EXPECT_FALSE(fs::exists(out / ".sdtrain.lock"));
+  const auto third = sd::test::run_process(synthetic_run(out, 2), 120s);
+  EXPECT_EQ(third.exit_code, 0) << third.output;
+}
+
 TEST(ReliabilityE2E, OutputLocationsThatCannotBeWrittenAreNamedWithTheFlag) {
   sd::test::TempDir dir;
   const fs::path file = dir.path() / "file";
