@@ -1,7 +1,7 @@
 // `sdtrain convert INPUT OUTPUT`: between the layouts Stable Diffusion weights come in. INPUT is anything a model flag
-// accepts (pipeline folder, single-file .safetensors/.ckpt, cached Hub name); OUTPUT ending in .safetensors is
-// written as one file in the original (LDM / A1111) layout, anything else as a diffusers pipeline folder, e.g. with
-// --variant fp16 for diffusion_pytorch_model.fp16.safetensors files.
+// accepts (pipeline folder, single-file .safetensors/.ckpt, cached Hub name); OUTPUT ending in .safetensors (any
+// case) is written as one file in the original (LDM / A1111) layout, anything else as a diffusers pipeline folder,
+// e.g. with --variant fp16 for diffusion_pytorch_model.fp16.safetensors files.
 #include <algorithm>
 #include <cctype>
 #include <cstdio>

@@ -103,6 +103,15 @@ std::string scheduler_class_of(const StableDiffusion& pipe) {
   return pipe.model_index.contains("scheduler") ? pipe.model_index["scheduler"][1].get<std::string>() : "PNDMScheduler";
 }
 
+// What in `dir` shows that a pipeline is there ("" if nothing does).
+std::string pipeline_marker(const fs::path& dir) {
+  std::error_code ignored;
+  if (fs::exists(dir / "model_index.json", ignored)) return "model_index.json";
+  for (const char* part : kComponentFolders)
+    if (fs::is_directory(dir / part, ignored)) return std::string(part) + "/";
+  return "";
+}
+
 }  // namespace
 
 void save_component(StableDiffusion& pipe, const std::string& component, const fs::path& dir, at::ScalarType dtype,
@@ -129,19 +138,6 @@ void save_component(StableDiffusion& pipe, const std::string& component, const f
 bool is_component_folder(const std::string& name) {
   return std::count(std::begin(kComponentFolders), std::end(kComponentFolders), name) > 0;
 }
-
-namespace {
-
-// What in `dir` shows that a pipeline is there ("" if nothing does).
-std::string pipeline_marker(const fs::path& dir) {
-  std::error_code ignored;
-  if (fs::exists(dir / "model_index.json", ignored)) return "model_index.json";
-  for (const char* part : kComponentFolders)
-    if (fs::is_directory(dir / part, ignored)) return std::string(part) + "/";
-  return "";
-}
-
-}  // namespace
 
 void check_not_replacing_pipeline(const std::string& flag, const fs::path& dir, bool overwrite) {
   const std::string marker = overwrite ? "" : pipeline_marker(dir);

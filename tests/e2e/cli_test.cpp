@@ -79,6 +79,9 @@ TEST(Cli, FlagValuesAreCheckedBeforeAnyWork) {
   }
   EXPECT_EQ(run_command(sdtrain("init --preset tiny --seed 18446744073709551615 --out ''")).output,
             "sdtrain: error: --out: expected a folder, got an empty path\n");
+  EXPECT_TRUE(sd::test::is_one_line_error(
+      run_command(sdtrain("convert " + (sd::test::fixtures() / "tiny-sd1").string() + " ''")),
+      "OUTPUT: expected a folder or a .safetensors file, got an empty path"));
   EXPECT_TRUE(sd::test::is_one_line_error(run_command(sdtrain("generate" + model + " --guidance_scale nan")),
                                           "--guidance_scale: nan is not a finite number"));
   EXPECT_TRUE(

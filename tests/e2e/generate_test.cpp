@@ -297,6 +297,10 @@ TEST(Generate, BadInputGetsOneClearLine) {
   io::save_safetensors(dir.path() / "latents.safetensors", {{"latents", at::zeros({2, 4, 16, 16})}});
   expect_one_line_error(base + "--init_latents " + quote((dir.path() / "latents.safetensors").string()),
                         "initial latents have shape [2, 4, 16, 16] but 1 image(s) of 64x64 need [1, 4, 16, 16]");
+  io::save_safetensors(dir.path() / "nan.safetensors", {{"latents", at::full({1, 4, 16, 16}, NAN)}});
+  expect_one_line_error(base + "--init_latents " + quote((dir.path() / "nan.safetensors").string()),
+                        "--init_latents " + (dir.path() / "nan.safetensors").string() +
+                            ": tensor 'latents' holds NaN or infinite values");
 
   expect_one_line_error(base + "--negative_prompt a --negative_prompt b",
                         "negative_prompt given 2 times for 1 prompts: give one for every prompt or one per prompt");
