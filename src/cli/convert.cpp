@@ -2,14 +2,13 @@
 // accepts (pipeline folder, single-file .safetensors/.ckpt, cached Hub name); OUTPUT ending in .safetensors (any
 // case) is written as one file in the original (LDM / A1111) layout, anything else as a diffusers pipeline folder,
 // e.g. with --variant fp16 for diffusion_pytorch_model.fp16.safetensors files.
-#include <algorithm>
-#include <cctype>
 #include <cstdio>
 
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "cli/model_flags.h"
 #include "core/error.h"
+#include "core/text.h"
 #include "io/atomic_file.h"
 #include "pipeline/model_source.h"
 #include "pipeline/single_file.h"
@@ -45,9 +44,7 @@ void check_output_is_a_new_folder(const pipeline::ModelSource& source, const Con
 
 int run_convert(const ConvertOptions& o) {
   SD_CHECK(!o.output.empty(), "OUTPUT: expected a folder or a .safetensors file, got an empty path");
-  std::string extension = fs::path(o.output).extension().string();
-  std::transform(extension.begin(), extension.end(), extension.begin(),
-                 [](unsigned char c) { return std::tolower(c); });
+  const std::string extension = lowercase(fs::path(o.output).extension().string());
   const bool single_file = extension == ".safetensors";
   SD_CHECK(extension != ".ckpt" && extension != ".pt" && extension != ".bin",
            "{}: single files are written as .safetensors (which A1111 and ComfyUI read), not {}", o.output, extension);

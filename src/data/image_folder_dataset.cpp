@@ -1,13 +1,13 @@
 #include "data/image_folder_dataset.h"
 
 #include <algorithm>
-#include <cctype>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/text.h"
 #include "io/atomic_file.h"
 
 namespace sd::data {
@@ -16,8 +16,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 bool is_image_path(const fs::path& path) {
-  std::string ext = path.extension().string();
-  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
+  const std::string ext = lowercase(path.extension().string());
   return ext == ".jpg" || ext == ".jpeg" || ext == ".png" || ext == ".bmp" || ext == ".webp";
 }
 

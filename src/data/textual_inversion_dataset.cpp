@@ -1,10 +1,10 @@
 #include "data/textual_inversion_dataset.h"
 
 #include <algorithm>
-#include <cctype>
 #include <cstdio>
 
 #include "core/error.h"
+#include "data/image_folder_dataset.h"
 
 namespace sd::data {
 
@@ -39,14 +39,6 @@ const std::vector<std::string>& style_templates() {
   return templates;
 }
 
-namespace {
-bool is_image_file(const fs::path& path) {
-  std::string ext = path.extension().string();
-  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
-  return ext == ".jpg" || ext == ".jpeg" || ext == ".png" || ext == ".bmp";
-}
-}  // namespace
-
 TextualInversionDataset::TextualInversionDataset(TextualInversionDatasetOptions options)
     : options_(std::move(options)) {
   const fs::path& dir = options_.data_dir;
@@ -56,7 +48,7 @@ TextualInversionDataset::TextualInversionDataset(TextualInversionDatasetOptions 
   SD_CHECK(options_.repeats >= 1, "--repeats must be at least 1, got {}", options_.repeats);
   for (const auto& entry : fs::directory_iterator(dir)) {
     if (!entry.is_regular_file()) continue;
-    if (is_image_file(entry.path())) {
+    if (is_image_path(entry.path())) {
       paths_.push_back(entry.path());
     } else {
       std::fprintf(stderr, "sdtrain: warning: skipping %s (not a jpg, jpeg, png or bmp image)\n", entry.path().c_str());

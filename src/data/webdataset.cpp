@@ -3,11 +3,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cctype>
 #include <map>
 #include <nlohmann/json.hpp>
 
 #include "core/log.h"
+#include "core/text.h"
 #include "data/prefetcher.h"
 #include "io/tar_reader.h"
 
@@ -78,8 +78,7 @@ ShardIndex index_shard(const fs::path& path, uint32_t shard) {
     }
     auto& [member_key, extension] = *split;
     // WebDataset lower-cases extensions, so "IMG.JPG" and "img.jpg" name the same kind of file.
-    std::transform(extension.begin(), extension.end(), extension.begin(),
-                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    extension = lowercase(extension);
     if (member_key != key) {
       if (key) add_sample(*key, members, path, shard, index);
       key = member_key;

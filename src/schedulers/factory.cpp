@@ -1,10 +1,10 @@
 #include "schedulers/factory.h"
 
 #include <algorithm>
-#include <cctype>
 #include <utility>
 
 #include "core/error.h"
+#include "core/text.h"
 #include "schedulers/ddim.h"
 #include "schedulers/ddpm.h"
 #include "schedulers/dpm_solver.h"
@@ -61,17 +61,12 @@ const std::vector<SchedulerName>& name_table() {
   return table;
 }
 
-std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char ch) { return std::tolower(ch); });
-  return s;
-}
-
 // The table entry for a class name or alias; '-' and '_' are interchangeable (euler-a, dpm-solver++ spellings).
 const SchedulerName& lookup(const std::string& name) {
-  std::string key = lower(name);
+  std::string key = lowercase(name);
   std::replace(key.begin(), key.end(), '-', '_');
   for (const SchedulerName& entry : name_table())
-    if (lower(entry.name) == key) return entry;
+    if (lowercase(entry.name) == key) return entry;
   std::string valid;
   for (const auto& n : scheduler_names()) valid += (valid.empty() ? "" : ", ") + n;
   fail("unknown scheduler \"{}\"; valid names: {}", name, valid);

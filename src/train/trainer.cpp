@@ -179,7 +179,6 @@ void Trainer::resume_and_open_outputs() {
     log::info("no checkpoint in {} to resume from; starting a new training run", output_dir_.string());
   }
   if (!is_main()) return;
-  fs::create_directories(output_dir_);
   metrics_ = MetricsSink(output_dir_ / options_.logging_dir, options_.report_to, state_.step);
   json run = options_.run_info;
   run["world_size"] = context_.layout.world;

@@ -58,6 +58,15 @@ TEST(TextualInversionDataset, PromptsFromTemplates) {
   EXPECT_EQ(TextualInversionDataset(o).templates().size(), 19u);
 }
 
+TEST(TextualInversionDataset, ListsEveryImageKindTheDecoderReads) {
+  sd::test::TempDir dir;
+  // Contents decide the decoder, names decide what is listed: the same extensions as the image-caption folders.
+  for (const char* name : {"a.jpg", "b.JPEG", "c.png", "d.bmp", "e.WebP"})
+    fs::copy_file(sd::test::golden("images/toy_alpha_100x100.png"), dir.path() / name);
+  std::ofstream(dir.path() / "f.gif") << "GIF89a";
+  EXPECT_EQ(TextualInversionDataset(options_for(dir.path())).num_images(), 5);
+}
+
 TEST(TextualInversionDataset, MissingFolder) {
   EXPECT_NE(error_of(options_for("/nonexistent/dicoo")).find("--train_data_dir /nonexistent/dicoo: not a directory"),
             std::string::npos);
