@@ -15,26 +15,27 @@ using nlohmann::json;
 
 namespace {
 
-// "a.b.c" -> value text, for every leaf of a JSON object (arrays are leaves).
-void flatten(const json& j, const std::string& prefix, std::map<std::string, std::string>& out) {
+// "a.b.c" -> value, for every leaf of a JSON object (arrays are leaves).
+void flatten(const json& j, const std::string& prefix, std::map<std::string, json>& out) {
   if (!j.is_object()) {
-    out[prefix] = j.dump();
+    out[prefix] = j;
     return;
   }
   for (const auto& [key, value] : j.items()) flatten(value, prefix.empty() ? key : prefix + "." + key, out);
 }
 
 // A setting's value as a number, if all of its text is one: ranks launched with --learning_rate 1e-4 and 0.0001 agree.
-std::optional<double> as_number(const std::string& dumped) {
-  const json value = json::parse(dumped);
-  const std::string text = value.is_string() ? value.get<std::string>() : dumped;
+std::optional<double> as_number(const json& value) {
+  if (value.is_number()) return value.get<double>();
+  if (!value.is_string()) return std::nullopt;
+  const std::string& text = value.get_ref<const std::string&>();
   char* end = nullptr;
   const double number = std::strtod(text.c_str(), &end);
   if (text.empty() || *end != '\0') return std::nullopt;
   return number;
 }
 
-bool same_value(const std::string& a, const std::string& b) {
+bool same_value(const json& a, const json& b) {
   if (a == b) return true;
   const std::optional<double> x = as_number(a), y = as_number(b);
   return x && y && *x == *y;
@@ -57,17 +58,17 @@ std::vector<std::string> gather_strings(dist::Communicator& comm, const std::str
 }  // namespace
 
 SettingDifference first_difference(const json& a, const json& b) {
-  std::map<std::string, std::string> fa, fb;
+  std::map<std::string, json> fa, fb;
   flatten(a, "", fa);
   flatten(b, "", fb);
   const std::string missing = "(not set)";
   for (const auto& [key, value] : fa) {
     const auto other = fb.find(key);
-    if (other == fb.end()) return {key, value, missing};
-    if (!same_value(value, other->second)) return {key, value, other->second};
+    if (other == fb.end()) return {key, value.dump(), missing};
+    if (!same_value(value, other->second)) return {key, value.dump(), other->second.dump()};
   }
   for (const auto& [key, value] : fb)
-    if (!fa.count(key)) return {key, missing, value};
+    if (!fa.count(key)) return {key, missing, value.dump()};
   return {};
 }
 
