@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "core/error.h"
 #include "io/atomic_file.h"
@@ -95,11 +96,20 @@ SafeTensorsFile::SafeTensorsFile(fs::path path) : file_(std::move(path)) {
            name, 8 + header_len, file_size);
   const std::string header = file_.read(header_len, 8);
   json root;
+  // JSON keeps the last of two equal keys; safetensors' own reader refuses them, and so does this one.
+  std::set<std::string> keys;
+  std::string duplicate;
+  const auto note_duplicate_keys = [&](int depth, json::parse_event_t event, json& parsed) {
+    if (depth == 1 && event == json::parse_event_t::key && !keys.insert(parsed.get<std::string>()).second)
+      duplicate = parsed.get<std::string>();
+    return true;
+  };
   try {
-    root = json::parse(header);
+    root = json::parse(header, note_duplicate_keys);
   } catch (const json::exception& e) {
     fail("{}: corrupt safetensors header: not valid UTF-8 JSON ({})", name, e.what());
   }
+  SD_CHECK(duplicate.empty(), "{}: corrupt safetensors header: tensor '{}' is listed twice", name, duplicate);
   SD_CHECK(root.is_object(), "{}: corrupt safetensors header: expected a JSON object", name);
   data_start_ = 8 + header_len;
 

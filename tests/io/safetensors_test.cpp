@@ -168,6 +168,17 @@ TEST(SafeTensors, OverlappingTensors) {
   EXPECT_NE(error_of(path).find("tensor 'b' starts at byte 4 but the previous tensor ends at 8"), std::string::npos);
 }
 
+TEST(SafeTensors, TensorListedTwice) {
+  TempDir dir;
+  auto path = dir.path() / "a.safetensors";
+  // Nested keys may repeat across tensors ("dtype"); only a tensor name twice is an error.
+  write_raw(
+      path,
+      R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+      8);
+  EXPECT_EQ(error_of(path), path.string() + ": corrupt safetensors header: tensor 'a' is listed twice");
+}
+
 TEST(SafeTensors, GapBetweenTensors) {
   TempDir dir;
   auto path = dir.path() / "a.safetensors";
