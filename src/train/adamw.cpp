@@ -14,7 +14,10 @@ namespace sd::train {
 void AdamWOptions::validate() const {
   SD_CHECK(beta1 >= 0 && beta1 < 1, "--adam_beta1 must be in [0, 1), got {}", beta1);
   SD_CHECK(beta2 >= 0 && beta2 < 1, "--adam_beta2 must be in [0, 1), got {}", beta2);
-  SD_CHECK(eps >= 0 && std::isfinite(eps), "--adam_epsilon must be a finite number >= 0, got {}", eps);
+  // torch accepts 0, but then an element whose gradient is 0 so far (an unused weight, a zero-initialised layer)
+  // updates by 0/0 and turns the model NaN.
+  SD_CHECK(eps > 0 && std::isfinite(eps),
+           "--adam_epsilon must be a finite number > 0 (0 divides 0 by 0 where a gradient is 0), got {}", eps);
   SD_CHECK(weight_decay >= 0 && std::isfinite(weight_decay), "--adam_weight_decay must be a finite number >= 0, got {}",
            weight_decay);
 }

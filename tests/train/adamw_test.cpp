@@ -157,5 +157,16 @@ TEST(AdamW, RefusesWhatTorchRefuses) {
   EXPECT_THROW(AdamW(AdamWOptions{0.9, 0.999, 1e-8, -0.01}), Error);
 }
 
+// With epsilon 0 an element whose gradient has always been 0 would update by 0/0.
+TEST(AdamW, RefusesAZeroEpsilon) {
+  try {
+    AdamW(AdamWOptions{0.9, 0.999, 0.0, 0.01});
+    ADD_FAILURE() << "epsilon 0 accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "--adam_epsilon must be a finite number > 0 (0 divides 0 by 0 where a gradient is 0), got 0");
+  }
+}
+
 }  // namespace
 }  // namespace sd::train
