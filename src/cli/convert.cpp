@@ -50,8 +50,10 @@ int run_convert(const ConvertOptions& o) {
            "{}: single files are written as .safetensors (which A1111 and ComfyUI read), not {}", o.output, extension);
   SD_CHECK(!single_file || o.variant.empty(), "--variant names the files of a pipeline folder; {} is a single file",
            o.output);
-  const fs::path out_dir = single_file ? fs::path(o.output).parent_path() : fs::path(o.output);
-  io::check_output_dir("OUTPUT", out_dir.empty() ? fs::path(".") : out_dir);
+  if (single_file)
+    io::check_output_file("OUTPUT", o.output);
+  else
+    io::check_output_dir("OUTPUT", o.output);
   const pipeline::ModelSource source = pipeline::resolve_model(o.input);
   if (!single_file) check_output_is_a_new_folder(source, o);
   pipeline::StableDiffusion pipe = pipeline::load_pipeline(source);

@@ -136,11 +136,8 @@ void check_flag_combinations(const GenerateOptions& o) {
 void check_output_locations(const GenerateOptions& o) {
   SD_CHECK(!o.output_dir.empty() || !o.save_raw.empty(),
            "nothing would be written: --output_dir is empty and --save_raw is not given");
-  if (!o.output_dir.empty()) io::check_output_dir("--output_dir", o.output_dir);
-  if (!o.save_raw.empty()) {
-    const fs::path folder = fs::path(o.save_raw).parent_path();
-    io::check_output_dir("--save_raw", folder.empty() ? fs::path(".") : folder);
-  }
+  if (!o.output_dir.empty()) io::check_output_file("--output_dir", fs::path(o.output_dir) / "grid.png");
+  if (!o.save_raw.empty()) io::check_output_file("--save_raw", o.save_raw);
 }
 
 // The arguments both pipelines take.

@@ -213,6 +213,14 @@ void check_output_dir(const std::string& flag, const fs::path& dir) {
     fail("{} {}: cannot write there: {}", flag, dir.string(), std::strerror(written < 0 ? write_errno : ENOSPC));
 }
 
+void check_output_file(const std::string& flag, const fs::path& file) {
+  if (file.empty()) fail("{}: expected a file name, got an empty path", flag);
+  std::error_code ec;
+  if (fs::is_directory(file, ec)) fail("{} {}: is a folder, not a file", flag, file.string());
+  const fs::path folder = file.parent_path();
+  check_output_dir(flag, folder.empty() ? fs::path(".") : folder);
+}
+
 std::string describe(const fs::filesystem_error& e) {
   // what() is "filesystem error: <operation>: <reason> [path1] [path2]".
   std::string operation = e.what();

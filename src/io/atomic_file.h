@@ -67,6 +67,9 @@ extern void (*replace_directory_step_hook)(int step);
 // "--output_dir out/x: cannot create the folder: Not a directory (out is a file)".
 void check_output_dir(const std::string& flag, const std::filesystem::path& dir);
 
+// The same for a file a command will write: its folder as above, and the path itself not a folder.
+void check_output_file(const std::string& flag, const std::filesystem::path& file);
+
 // An exclusive lock on an output folder (flock on <dir>/.sdtrain.lock, holding the owner's pid), kept until
 // destroyed or until the process ends, however it ends: two runs writing one folder would interleave their
 // checkpoints and logs. Throws sd::Error naming `flag`, the folder and the holder's pid when another process has it.

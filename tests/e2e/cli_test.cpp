@@ -7,6 +7,7 @@
 namespace sd {
 namespace {
 
+namespace fs = std::filesystem;
 using sd::test::run_command;
 
 std::string sdtrain(const std::string& args) { return sd::test::sdtrain_binary() + " " + args; }
@@ -87,6 +88,19 @@ TEST(Cli, FlagValuesAreCheckedBeforeAnyWork) {
   EXPECT_TRUE(
       sd::test::is_one_line_error(run_command(sdtrain("generate" + model + " --output_dir ''")),
                                   "nothing would be written: --output_dir is empty and --save_raw is not given"));
+  sd::test::TempDir dir;
+  const fs::path grid = dir.path() / "out" / "grid.png";
+  fs::create_directories(grid);
+  EXPECT_TRUE(sd::test::is_one_line_error(
+      run_command(sdtrain("generate" + model + " --num_inference_steps 1 --output_dir " + grid.parent_path().string())),
+      "--output_dir " + grid.string() + ": is a folder, not a file"));
+  // No image written before the error.
+  EXPECT_EQ(std::distance(fs::directory_iterator(grid.parent_path()), fs::directory_iterator()), 1);
+  const fs::path single = dir.path() / "m.safetensors";
+  fs::create_directories(single);
+  EXPECT_TRUE(sd::test::is_one_line_error(
+      run_command(sdtrain("convert " + (sd::test::fixtures() / "tiny-sd1").string() + " " + single.string())),
+      "OUTPUT " + single.string() + ": is a folder, not a file"));
   EXPECT_TRUE(
       sd::test::is_one_line_error(run_command(sdtrain("train --pretrained_model_name_or_path m --synthetic_data "
                                                       "latents --global_batch_size 4 --gradient_accumulation_steps 2")),

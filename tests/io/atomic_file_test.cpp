@@ -149,6 +149,20 @@ TEST(AtomicFile, OutputFolderProblemsNameTheFlagAndTheReason) {
   EXPECT_EQ(leftovers(dir.path(), {"file"}), std::vector<std::string>{});
 }
 
+TEST(AtomicFile, OutputFileProblemsNameTheFlagAndTheReason) {
+  sd::test::TempDir dir;
+  fs::create_directories(dir.path() / "grid.png");
+  EXPECT_EQ(sd::test::error_of([&] { check_output_file("--save_raw", dir.path() / "grid.png"); }),
+            fmt::format("--save_raw {}: is a folder, not a file", (dir.path() / "grid.png").string()));
+  std::ofstream(dir.path() / "file") << "x";
+  EXPECT_EQ(sd::test::error_of([&] { check_output_file("OUTPUT", dir.path() / "file" / "m.safetensors"); }),
+            fmt::format("OUTPUT {0}: is a file, not a folder", (dir.path() / "file").string()));
+  EXPECT_EQ(sd::test::error_of([&] { check_output_file("OUTPUT", ""); }),
+            "OUTPUT: expected a file name, got an empty path");
+  EXPECT_EQ(sd::test::error_of([&] { check_output_file("OUTPUT", dir.path() / "new" / "m.safetensors"); }), "");
+  EXPECT_EQ(leftovers(dir.path(), {"file", "grid.png"}), std::vector<std::string>{});
+}
+
 TEST(AtomicFile, FullAndReadOnlyFileSystemsAreNamed) {
   sd::test::TempDir dir;
   sd::test::Tmpfs small(dir.path() / "small", "size=64k");
