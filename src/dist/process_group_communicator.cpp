@@ -11,6 +11,7 @@
 #include <dlfcn.h>
 #include <netdb.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -139,6 +140,26 @@ std::optional<std::string> resolution_failure(const std::string& host) {
   if (found) freeaddrinfo(found);
   if (status == 0) return std::nullopt;
   return std::string(gai_strerror(status));
+}
+
+// Whether something at host:port accepts a TCP connection within two seconds: when the store client failed, that
+// tells "nothing listens there yet" from "another program holds MASTER_PORT".
+bool accepts_connections(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0 || !found) return false;
+  bool accepted = false;
+  for (addrinfo* ai = found; ai && !accepted; ai = ai->ai_next) {
+    const int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    const timeval limit{2, 0};  // Linux bounds a blocking connect by the send timeout
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit);
+    accepted = connect(fd, ai->ai_addr, ai->ai_addrlen) == 0;
+    close(fd);
+  }
+  freeaddrinfo(found);
+  return accepted;
 }
 
 // The local address this machine uses to reach `host`: Gloo binds there unless told an interface, so ranks on
@@ -591,6 +612,11 @@ class ProcessGroupCommunicator : public Communicator {
       if (const auto unresolved = resolution_failure(env_.master_addr))
         fail("rank {} could not reach the master: MASTER_ADDR={} does not resolve on this machine ({})", env_.rank,
              env_.master_addr, *unresolved);
+      if (accepts_connections(env_.master_addr, env_.master_port))
+        fail(
+            "rank {}: the program listening on {}:{} is not sdtrain's rendezvous store (it did not answer as one "
+            "within {}): another program holds MASTER_PORT on the master; choose a free port for every rank",
+            env_.rank, env_.master_addr, env_.master_port, seconds_text(opts_.timeout));
       fail(
           "rank {} could not reach the master at {}:{} within {}: check MASTER_ADDR/MASTER_PORT, that rank 0 is "
           "running and that this machine can reach it ({})",

@@ -1,11 +1,18 @@
 // Collectives of the Gloo communicator (ranks as threads on loopback), the local fake, and rendezvous failures.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
 
 #include "core/error.h"
 #include "dist/communicator.h"
 #include "dist/in_process_world.h"
 #include "dist/signals.h"
 #include "dist/store_listen.h"
+#include "test_util.h"
 
 namespace sd::dist {
 namespace {
@@ -196,6 +203,27 @@ TEST(GlooCommunicator, AMasterNameThatDoesNotResolveIsNamed) {
               std::string::npos)
         << msg;
   }
+}
+
+// Another program on MASTER_PORT: a socket that accepts connections (the kernel's backlog) and never answers.
+TEST(GlooCommunicator, AnotherProgramOnTheMasterPortIsNamed) {
+  const int port = find_free_port();
+  const int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof address), 0) << std::strerror(errno);
+  ASSERT_EQ(listen(listener, 16), 0);
+  CommOptions opts;
+  opts.timeout = std::chrono::milliseconds(1000);
+  const std::string error = sd::test::error_of([&] { make_communicator(testing::loopback_env(1, 2, port), opts); });
+  close(listener);
+  EXPECT_EQ(error, fmt::format("rank 1: the program listening on 127.0.0.1:{} is not sdtrain's rendezvous store (it "
+                               "did not answer as one within 1 s): another program holds MASTER_PORT on the master; "
+                               "choose a free port for every rank",
+                               port));
 }
 
 TEST(GlooCommunicator, WorldSizeMismatchIsAnError) {
