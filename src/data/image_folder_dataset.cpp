@@ -2,13 +2,16 @@
 
 #include <algorithm>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "core/error.h"
 #include "core/log.h"
 #include "core/text.h"
 #include "io/atomic_file.h"
+#include "io/csv.h"
 
 namespace sd::data {
 
@@ -44,9 +47,21 @@ std::vector<std::string> captions_of(const json& value, const std::string& where
   fail("{}: the caption column should contain either strings or lists of strings", where);
 }
 
-// One metadata.jsonl: its lines become samples of images in the same folder tree.
-void read_metadata(const fs::path& metadata, const ImageFolderOptions& o, std::vector<CaptionedImage>& samples) {
+// One metadata row (a JSON object) as a sample of an image in the metadata file's folder tree.
+CaptionedImage metadata_sample(const json& row, const fs::path& metadata, const std::string& where,
+                               const ImageFolderOptions& o) {
   const std::string image_key = o.image_column == "image" ? "file_name" : o.image_column;
+  SD_CHECK(row.contains(image_key) && row[image_key].is_string(), "{}: no '{}' (--image_column {}); the columns are {}",
+           where, image_key, o.image_column, row.dump());
+  SD_CHECK(row.contains(o.caption_column), "{}: no caption column '{}' (--caption_column); the columns are {}", where,
+           o.caption_column, row.dump());
+  const fs::path image = metadata.parent_path() / row[image_key].get<std::string>();
+  SD_CHECK(fs::is_regular_file(image), "{}: image {} not found", where, image.string());
+  return {image, captions_of(row[o.caption_column], where)};
+}
+
+// metadata.jsonl: one JSON object per line.
+void read_metadata_jsonl(const fs::path& metadata, const ImageFolderOptions& o, std::vector<CaptionedImage>& samples) {
   std::istringstream in(io::read_text_file(metadata));
   int line_number = 0;
   for (std::string line; std::getline(in, line);) {
@@ -55,14 +70,40 @@ void read_metadata(const fs::path& metadata, const ImageFolderOptions& o, std::v
     const std::string where = fmt::format("{} line {}", metadata.string(), line_number);
     const json row = json::parse(line, nullptr, /*allow_exceptions=*/false);
     SD_CHECK(row.is_object(), "{}: not a JSON object", where);
-    SD_CHECK(row.contains(image_key) && row[image_key].is_string(),
-             "{}: no '{}' (--image_column {}); the columns are {}", where, image_key, o.image_column, row.dump());
-    SD_CHECK(row.contains(o.caption_column), "{}: no caption column '{}' (--caption_column); the columns are {}", where,
-             o.caption_column, row.dump());
-    const fs::path image = metadata.parent_path() / row[image_key].get<std::string>();
-    SD_CHECK(fs::is_regular_file(image), "{}: image {} not found", where, image.string());
-    samples.push_back({image, captions_of(row[o.caption_column], where)});
+    samples.push_back(metadata_sample(row, metadata, where, o));
   }
+}
+
+// metadata.csv: a header row naming the columns, then one row per image; every value is text (RFC 4180 quoting).
+void read_metadata_csv(const fs::path& metadata, const ImageFolderOptions& o, std::vector<CaptionedImage>& samples) {
+  const std::vector<io::CsvRow> rows = io::parse_csv(io::read_text_file(metadata), metadata.string());
+  if (rows.empty()) return;
+  const std::vector<std::string>& header = rows.front().fields;
+  for (size_t r = 1; r < rows.size(); ++r) {
+    const std::string where = fmt::format("{} line {}", metadata.string(), rows[r].line);
+    SD_CHECK(rows[r].fields.size() == header.size(), "{}: {} values, but the header names {} columns", where,
+             rows[r].fields.size(), header.size());
+    json row = json::object();
+    for (size_t c = 0; c < header.size(); ++c) row[header[c]] = rows[r].fields[c];
+    samples.push_back(metadata_sample(row, metadata, where, o));
+  }
+}
+
+bool is_metadata_file(const fs::path& path) {
+  return path.filename() == "metadata.jsonl" || path.filename() == "metadata.csv";
+}
+
+// kohya's DreamBooth folders: "10_cat" repeats its images 10 times, and "cat" captions those without a caption file.
+struct KohyaFolder {
+  int64_t repeats = 1;
+  std::string class_tokens;
+};
+
+std::optional<KohyaFolder> kohya_folder(const std::string& name) {
+  const size_t underscore = name.find('_');
+  const std::string count = name.substr(0, underscore);
+  if (count.empty() || count.size() > 6 || !std::all_of(count.begin(), count.end(), ::isdigit)) return std::nullopt;
+  return KohyaFolder{std::stoll(count), underscore == std::string::npos ? "" : name.substr(underscore + 1)};
 }
 
 // A kohya caption file's text (its first line, trimmed), or "" when the image has none.
@@ -87,25 +128,60 @@ ImageFolderDataset::ImageFolderDataset(const ImageFolderOptions& o) {
   const std::vector<fs::path> files = files_under(o.data_dir, o.skip_dir);
   std::vector<fs::path> metadata;
   for (const auto& f : files)
-    if (f.filename() == "metadata.jsonl") metadata.push_back(f);
+    if (is_metadata_file(f)) metadata.push_back(f);
   if (!metadata.empty()) {
     layout_ = "imagefolder";
-    for (const auto& m : metadata) read_metadata(m, o, samples_);
+    for (const auto& m : metadata) {
+      SD_CHECK(!(m.extension() == ".csv" && fs::exists(fs::path(m).replace_extension(".jsonl"))),
+               "{}: holds both metadata.jsonl and metadata.csv; keep one", m.parent_path().string());
+      if (m.extension() == ".csv")
+        read_metadata_csv(m, o, samples_);
+      else
+        read_metadata_jsonl(m, o, samples_);
+    }
   } else {
     layout_ = "kohya";
-    int64_t missing = 0;
-    for (const auto& f : files)
-      if (is_image_path(f)) samples_.push_back({f, {kohya_caption(f, missing)}});
-    if (missing > 0)
-      log::warn(
-          "--train_data_dir {}: {} image(s) have no caption file (.txt or .caption) and train with an empty "
-          "caption",
-          o.data_dir.string(), missing);
+    list_kohya(o, files);
   }
   SD_CHECK(!samples_.empty(),
-           "--train_data_dir {}: no training images (expected images with a metadata.jsonl, the Hugging Face "
-           "imagefolder layout, or images with .txt captions beside them)",
+           "--train_data_dir {}: no training images (expected images with a metadata.jsonl or metadata.csv, the "
+           "Hugging Face imagefolder layout, or images with .txt captions beside them)",
            o.data_dir.string());
+}
+
+// Images with caption files beside them; those in a top-level "N_tokens" folder N times each, as kohya's
+// DreamBooth datasets, with "tokens" as the caption of those without a caption file.
+void ImageFolderDataset::list_kohya(const ImageFolderOptions& o, const std::vector<fs::path>& files) {
+  int64_t missing = 0;
+  std::map<std::string, int64_t> repeated;  // folder -> images in it
+  for (const auto& f : files) {
+    if (!is_image_path(f)) continue;
+    const std::string top = f.lexically_relative(o.data_dir).begin()->string();
+    const std::optional<KohyaFolder> folder = f.parent_path() == o.data_dir ? std::nullopt : kohya_folder(top);
+    if (folder) ++repeated[top];
+    if (folder && folder->repeats == 0) continue;  // kohya skips such a folder
+    int64_t no_caption_file = 0;
+    std::string caption = kohya_caption(f, no_caption_file);
+    if (no_caption_file && folder && !folder->class_tokens.empty())
+      caption = folder->class_tokens;
+    else
+      missing += no_caption_file;
+    for (int64_t k = 0; k < (folder ? folder->repeats : 1); ++k) samples_.push_back({f, {caption}});
+  }
+  for (const auto& [name, count] : repeated) {
+    const int64_t repeats = kohya_folder(name)->repeats;
+    if (repeats == 0)
+      log::warn("--train_data_dir {}: {} image(s) in {} are skipped (0 repeats, as kohya does)", o.data_dir.string(),
+                count, name);
+    else
+      log::info("--train_data_dir {}: {} image(s) in {}, each {} time(s) per epoch", o.data_dir.string(), count, name,
+                repeats);
+  }
+  if (missing > 0)
+    log::warn(
+        "--train_data_dir {}: {} image(s) have no caption file (.txt or .caption) and train with an empty "
+        "caption",
+        o.data_dir.string(), missing);
 }
 
 EncodedSample ImageFolderDataset::read(int64_t index) const {

@@ -2,7 +2,10 @@
 //   Hugging Face imagefolder: images plus metadata.jsonl files whose lines name an image ("file_name", relative to
 //     the metadata file's folder) and its caption column (a string, or a list of which training picks one at random),
 //     as diffusers' train_text_to_image.py reads --train_data_dir with datasets' "imagefolder" builder;
-//   kohya: every image with a caption file of the same stem beside it (img.png + img.txt or img.caption).
+//     (or metadata.csv, whose header row names the columns);
+//   kohya: every image with a caption file of the same stem beside it (img.png + img.txt or img.caption); a top-level
+//     folder named "N_tokens" (kohya's DreamBooth layout) repeats its images N times per epoch and captions those
+//     without a caption file with "tokens".
 // Only the listing happens here; images are read and decoded when a sample is loaded.
 #pragma once
 #include <filesystem>
@@ -39,6 +42,8 @@ class ImageFolderDataset : public ImageCaptionDataset {
   void select(const std::vector<int64_t>& indices) override { keep_indices(samples_, indices); }
 
  private:
+  void list_kohya(const ImageFolderOptions& options, const std::vector<std::filesystem::path>& files);
+
   std::vector<CaptionedImage> samples_;
   std::string layout_;
 };

@@ -1,9 +1,9 @@
 #include "data/textual_inversion_dataset.h"
 
 #include <algorithm>
-#include <cstdio>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "data/image_folder_dataset.h"
 
 namespace sd::data {
@@ -51,10 +51,11 @@ TextualInversionDataset::TextualInversionDataset(TextualInversionDatasetOptions 
     if (is_image_path(entry.path())) {
       paths_.push_back(entry.path());
     } else {
-      std::fprintf(stderr, "sdtrain: warning: skipping %s (not a jpg, jpeg, png or bmp image)\n", entry.path().c_str());
+      log::warn("skipping {} (not a .jpg, .jpeg, .png, .bmp or .webp image)", entry.path().string());
     }
   }
-  SD_CHECK(!paths_.empty(), "--train_data_dir {}: no images (expected .jpg, .jpeg, .png or .bmp files)", dir.string());
+  SD_CHECK(!paths_.empty(), "--train_data_dir {}: no images (expected .jpg, .jpeg, .png, .bmp or .webp files)",
+           dir.string());
   std::sort(paths_.begin(), paths_.end());
   // An epoch's order is a permutation of images x repeats, held in memory: bounded before the images are decoded.
   const int64_t epoch = static_cast<int64_t>(paths_.size()) * options_.repeats;

@@ -31,5 +31,54 @@ TEST(ImageFolderDataset, TheRunsOwnOutputFolderIsNotListed) {
   EXPECT_EQ(ImageFolderDataset({data, "image", "text", {}}).size(), 3);
 }
 
+std::vector<std::string> captions_by_image(const ImageFolderDataset& dataset) {
+  std::vector<std::string> out;
+  for (int64_t k = 0; k < dataset.size(); ++k)
+    out.push_back(fs::path(dataset.describe(k)).filename().string() + ": " + dataset.read(k).captions.at(0));
+  return out;
+}
+
+// kohya's DreamBooth folders: "N_tokens" repeats each image N times; tokens caption the images without a caption
+// file; a folder of 0 repeats is skipped; other folders train once, as before.
+TEST(ImageFolderDataset, KohyaRepeatFoldersRepeatAndCaptionTheirImages) {
+  sd::test::TempDir dir;
+  const fs::path data = dir.path() / "data";
+  write_captioned_png(data / "3_sks dog" / "a.png", "a photo of sks dog");
+  io::save_png(data / "3_sks dog" / "b.png", io::RgbImage{4, 4, std::vector<uint8_t>(4 * 4 * 3, 7)});
+  write_captioned_png(data / "0_reg" / "c.png", "skipped");
+  write_captioned_png(data / "misc" / "d.png", "once");
+  write_captioned_png(data / "2_x" / "deep" / "e.png", "twice");
+  const ImageFolderDataset dataset({data, "image", "text", {}});
+  EXPECT_EQ(dataset.layout(), "kohya");
+  EXPECT_EQ(captions_by_image(dataset),
+            (std::vector<std::string>{"e.png: twice", "e.png: twice", "a.png: a photo of sks dog",
+                                      "a.png: a photo of sks dog", "a.png: a photo of sks dog", "b.png: sks dog",
+                                      "b.png: sks dog", "b.png: sks dog", "d.png: once"}));
+}
+
+// Hugging Face imagefolder's other metadata format: a header row, then file_name and caption per row.
+TEST(ImageFolderDataset, MetadataCsvNamesImagesAndCaptions) {
+  sd::test::TempDir dir;
+  const fs::path data = dir.path() / "data";
+  write_captioned_png(data / "a.png", "ignored");
+  write_captioned_png(data / "sub" / "b.png", "ignored");
+  std::ofstream(data / "metadata.csv") << "file_name,text,score\na.png,\"a cat, sitting\",1\nsub/b.png,a dog,2\n";
+  EXPECT_EQ(captions_by_image(ImageFolderDataset({data, "image", "text", {}})),
+            (std::vector<std::string>{"a.png: a cat, sitting", "b.png: a dog"}));
+  EXPECT_EQ(captions_by_image(ImageFolderDataset({data, "image", "score", {}})),
+            (std::vector<std::string>{"a.png: 1", "b.png: 2"}));
+
+  std::ofstream(data / "metadata.csv") << "file_name,text\na.png,x,y\n";
+  EXPECT_EQ(sd::test::error_of([&] {
+              ImageFolderDataset({data, "image", "text", {}});
+            }),
+            (data / "metadata.csv").string() + " line 2: 3 values, but the header names 2 columns");
+  std::ofstream(data / "metadata.jsonl") << "{\"file_name\": \"a.png\", \"text\": \"x\"}\n";
+  EXPECT_EQ(sd::test::error_of([&] {
+              ImageFolderDataset({data, "image", "text", {}});
+            }),
+            data.string() + ": holds both metadata.jsonl and metadata.csv; keep one");
+}
+
 }  // namespace
 }  // namespace sd::data
