@@ -56,9 +56,12 @@ void add_trainer_flags(CLI::App* cmd, train::TrainerOptions& o) {
       ->group(optimizer);
   flag(cmd, "--adam_epsilon", o.adam.eps, "AdamW epsilon")->group(optimizer);
   // The default differs by task (diffusers' train_text_to_image clips at 1.0, textual_inversion.py never does).
-  const std::string clipping = o.max_grad_norm ? fmt::format("default {}", *o.max_grad_norm) : "default: no clipping";
-  flag(cmd, "--max_grad_norm", o.max_grad_norm, "Clip the global gradient norm to this (" + clipping + ")")
-      ->group(optimizer);
+  // The task's default is the flag's default string, as shown in --help and compared between ranks.
+  CLI::Option* clip = flag(cmd, "--max_grad_norm", o.max_grad_norm,
+                           o.max_grad_norm ? "Clip the global gradient norm to this"
+                                           : "Clip the global gradient norm to this (default: no clipping)");
+  if (o.max_grad_norm) clip->default_str(fmt::format("{}", *o.max_grad_norm));
+  clip->group(optimizer);
   flag(cmd, "--skip_nonfinite_steps", o.skip_nonfinite_steps,
        "Steps with a NaN/Inf loss or gradient skip their update, up to this many in a run; one more stops training "
        "(default 0: the first stops it)")
@@ -140,16 +143,25 @@ void add_python_only_training_flags(CLI::App* cmd) {
 }
 
 void record_command_line(CLI::App* cmd, train::TrainerOptions& o) {
-  nlohmann::json flags = nlohmann::json::object();
+  nlohmann::json flags = nlohmann::json::object(), defaults = nlohmann::json::object();
   for (const CLI::Option* option : cmd->get_options()) {
-    if (option->count() == 0 || option->get_lnames().empty()) continue;
+    if (option->get_lnames().empty()) continue;
+    const std::string& name = option->get_lnames().front();
+    if (option->count() == 0) {
+      // What the run used without being told: a switch is off; a flag with a value, its default (if it has one).
+      if (option->get_type_size() == 0)
+        defaults[name] = "false";
+      else if (!option->get_default_str().empty())
+        defaults[name] = option->get_default_str();
+      continue;
+    }
     const auto values = option->results();
-    flags[option->get_lnames().front()] = values.size() == 1 ? nlohmann::json(values.front()) : nlohmann::json(values);
+    flags[name] = values.size() == 1 ? nlohmann::json(values.front()) : nlohmann::json(values);
   }
   const auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
   char started[32];
   std::strftime(started, sizeof started, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  o.run_info = {{"command", cmd->get_name()}, {"flags", flags}, {"started", started}};
+  o.run_info = {{"command", cmd->get_name()}, {"flags", flags}, {"defaults", defaults}, {"started", started}};
 }
 
 }  // namespace sd::cli

@@ -23,7 +23,8 @@ struct RunFiles {
   // <logging_dir>/metrics.jsonl by step. A resumed run appends to the file, so a step logged twice keeps its last
   // record (the run that went on).
   std::map<int64_t, nlohmann::json> steps;
-  // <logging_dir>/run.json: {"command", "argv", "flags", "world_size", "started"}; runs before it have none.
+  // <logging_dir>/run.json: {"command", "argv", "flags" (given), "defaults" (of the flags not given), "world_size",
+  // "started"}; runs before it have none.
   std::optional<nlohmann::json> run_info;
   // validation/step-<N>-<i>.png, sorted by step, then index.
   std::vector<ValidationImage> validation_images;

@@ -1,12 +1,15 @@
 #include "train/trainer.h"
 
 #include <ATen/Parallel.h>
+#include <fmt/ranges.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <random>
+#include <set>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -151,9 +154,12 @@ Trainer::Trainer(const TrainerOptions& options, RunContext& context, Task& task)
 Trainer::~Trainer() = default;
 
 json Trainer::run_settings() const {
+  // Every flag's value, given or default: a rank told --sharding no_shard agrees with one that was not told.
   json settings = json::object();
-  const json flags = options_.run_info.value("flags", json::object());
-  for (const auto& [flag, value] : flags.items()) settings["--" + flag] = value;
+  for (const char* given_or_default : {"defaults", "flags"}) {
+    const json flags = options_.run_info.value(given_or_default, json::object());  // items() refers into it
+    for (const auto& [flag, value] : flags.items()) settings["--" + flag] = value;
+  }
   // Chosen per machine, not per run.
   for (const char* per_machine : {"--threads", "--dist_iface", "--dist_timeout", "--dist_transport", "--local_rank"})
     settings.erase(per_machine);
@@ -172,7 +178,7 @@ void Trainer::resume_and_open_outputs() {
     output_lock_.emplace("--output_dir", output_dir_);
     recover_interrupted_outputs();
   }
-  context_.comm->barrier();
+  check_every_rank_sees_the_output_dir();
   if (auto checkpoint = resolve_checkpoint(output_dir_, options_.resume_from_checkpoint)) {
     resume_from(*checkpoint);
   } else if (!options_.resume_from_checkpoint.empty()) {
@@ -183,6 +189,38 @@ void Trainer::resume_and_open_outputs() {
   json run = options_.run_info;
   run["world_size"] = context_.layout.world;
   io::write_text_file(output_dir_ / options_.logging_dir / "run.json", run.dump(2) + "\n");
+}
+
+// Sharded checkpoints are written by every rank into one folder, so ranks that write to folders of their own (an
+// --output_dir on local disks, a Kubernetes volume that is not ReadWriteMany) would leave checkpoints that look whole
+// to rank 0 and miss the other ranks' pieces. Rank 0 puts a file there and every rank looks for it.
+void Trainer::check_every_rank_sees_the_output_dir() {
+  dist::Communicator& comm = *context_.comm;
+  if (comm.world_size() == 1) {
+    comm.barrier();
+    return;
+  }
+  const int64_t rank0_pid = comm.all_gather({static_cast<int64_t>(getpid())}).at(0);
+  // Named like a temporary file of rank 0's process, so that the start-up recovery removes it if this run dies here.
+  const fs::path probe = output_dir_ / fmt::format(".sdtrain-rank0-probe.tmp{}", rank0_pid);
+  if (is_main()) io::write_text_file(probe, "");
+  comm.barrier();
+  const std::vector<int64_t> sees = comm.all_gather({is_main() || fs::exists(probe) ? 1 : 0});
+  comm.barrier();
+  if (is_main()) fs::remove(probe);
+  std::vector<int> blind;
+  for (int r = 0; r < comm.world_size(); ++r)
+    if (!sees[r]) blind.push_back(r);
+  if (blind.empty()) return;
+  const std::string who = fmt::format("--output_dir {}: rank(s) {} do not see the files rank 0 writes there",
+                                      output_dir_.string(), fmt::join(blind, ", "));
+  SD_CHECK(parse_sharding(options_.sharding) == Sharding::kNoShard,
+           "{}; sharded checkpoints are written by every rank into one folder, so every machine must mount the "
+           "same shared storage there (a network file system, a ReadWriteMany volume)",
+           who);
+  if (is_main())
+    log::warn("{}: checkpoints are written by rank 0 alone, but to resume, every machine must see them (copy them)",
+              who);
 }
 
 // What a killed run left in the output folder: a checkpoint-N or pipeline folder caught between its old and new
@@ -332,6 +370,15 @@ void Trainer::save_checkpoint() {
   }
   context_.comm->barrier();
   if (!is_main()) return;
+  // Whole or absent: a piece that did not arrive (storage that lost a rank's writes) must not be published.
+  std::set<std::string> shard_files;
+  for (const json& piece : manifest["trained"].value("pieces", json::array()))
+    shard_files.insert(piece.at("file").get<std::string>());
+  for (const std::string& file : shard_files)
+    SD_CHECK(fs::exists(partial / file),
+             "{}: {} is missing after every rank wrote its part; is --output_dir the same shared storage on every "
+             "machine?",
+             partial.string(), file);
   io::write_text_file(partial / kManifestName, manifest.dump(1) + "\n");
   publish_checkpoint(partial, final_dir);
   remove_old_checkpoints(output_dir_, options_.checkpoints_total_limit);

@@ -110,6 +110,7 @@ class Trainer {
   // Leftovers of an interrupted run removed, the checkpoint to resume from loaded, metrics and run.json opened.
   void resume_and_open_outputs();
   void recover_interrupted_outputs();
+  void check_every_rank_sees_the_output_dir();
   // What must be equal on every rank: the command's flags (less the per-machine ones), the data the task found,
   // the number of trained values and the step resumed from.
   nlohmann::json run_settings() const;

@@ -158,13 +158,56 @@ TEST_F(UNetTrainingDist, RanksThatDisagreeOnTheRunStopWithOneLine) {
   ASSERT_TRUE(sd::test::wait_all({rank0.get(), rank1.get()}, 120s)) << "ranks must not hang";
   for (auto* rank : {rank0.get(), rank1.get()}) {
     EXPECT_NE(rank->exit_code(), 0) << rank->output();
-    EXPECT_NE(rank->output().find("ranks disagree on the run: --adam_weight_decay is (not set) on rank 0 but "
+    EXPECT_NE(rank->output().find("ranks disagree on the run: --adam_weight_decay is \"0.01\" on rank 0 but "
                                   "\"0.02\" on rank 1"),
               std::string::npos)
         << rank->output();
     EXPECT_EQ(rank->output().find("terminate called"), std::string::npos) << rank->output();
   }
   EXPECT_FALSE(fs::exists(out / "checkpoint-2"));
+}
+
+// `command` run from inside `folder`, so that a relative --output_dir lands there.
+std::vector<std::string> run_in(const fs::path& folder, const std::vector<std::string>& command) {
+  fs::create_directories(folder);
+  std::vector<std::string> argv = {"sh", "-c", "cd \"$1\" && shift && exec \"$@\"", "sh", folder.string()};
+  argv.insert(argv.end(), command.begin(), command.end());
+  return argv;
+}
+
+// Each rank with an --output_dir of its own, as on machines whose "out" is a local disk: sharded training refuses
+// to start (its checkpoints would lack the other ranks' pieces); unsharded training, whose checkpoints rank 0 writes
+// whole, warns that a resume needs them on every machine. A flag given at its default agrees with one not given.
+TEST_F(UNetTrainingDist, RanksThatDoNotShareTheOutputFolderAreNamed) {
+  const fs::path machine0 = dir_.path() / "machine0", machine1 = dir_.path() / "machine1";
+  {
+    const int port = dist::find_free_port();
+    auto rank0 = start_rank(0, port, run_in(machine0, train("out", 2, "shard_grad_op")));
+    auto rank1 = start_rank(1, port, run_in(machine1, train("out", 2, "shard_grad_op")));
+    ASSERT_TRUE(sd::test::wait_all({rank0.get(), rank1.get()}, 120s)) << "ranks must not hang";
+    for (auto* rank : {rank0.get(), rank1.get()}) {
+      EXPECT_NE(rank->exit_code(), 0) << rank->output();
+      EXPECT_NE(rank->output().find("sdtrain: error: --output_dir out: rank(s) 1 do not see the files rank 0 writes "
+                                    "there; sharded checkpoints are written by every rank into one folder"),
+                std::string::npos)
+          << rank->output();
+    }
+    EXPECT_FALSE(fs::exists(machine0 / "out" / "checkpoint-2"));
+    EXPECT_EQ(std::distance(fs::directory_iterator(machine0 / "out"), fs::directory_iterator()), 0);
+  }
+  const int port = dist::find_free_port();
+  auto rank0 = start_rank(0, port,
+                          run_in(machine0, train("out", 2, "no_shard",
+                                                 {"--adam_beta2=0.999", "--max_grad_norm=1", "--adam_epsilon=1e-8"})));
+  auto rank1 = start_rank(1, port, run_in(machine1, train("out", 2, "no_shard")));
+  ASSERT_TRUE(sd::test::wait_all({rank0.get(), rank1.get()}, 180s)) << "ranks must not hang";
+  EXPECT_EQ(rank0->exit_code(), 0) << rank0->output();
+  EXPECT_EQ(rank1->exit_code(), 0) << rank1->output();
+  EXPECT_NE(rank0->output().find("--output_dir out: rank(s) 1 do not see the files rank 0 writes there: checkpoints "
+                                 "are written by rank 0 alone, but to resume, every machine must see them"),
+            std::string::npos)
+      << rank0->output();
+  EXPECT_TRUE(fs::exists(machine0 / "out" / "checkpoint-2" / "manifest.json"));
 }
 
 }  // namespace
