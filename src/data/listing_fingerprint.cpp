@@ -28,4 +28,13 @@ std::string listing_fingerprint(const std::vector<std::filesystem::path>& files)
   return fmt::format("{:016x}", hash);
 }
 
+std::string text_fingerprint(const std::vector<std::string>& items) {
+  uint64_t hash = 0xcbf29ce484222325ull;
+  for (const std::string& item : items) {
+    mix(hash, item);
+    mix(hash, "\n");
+  }
+  return fmt::format("{:016x}", hash);
+}
+
 }  // namespace sd::data

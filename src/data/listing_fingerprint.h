@@ -9,4 +9,7 @@ namespace sd::data {
 // same copy of the data under different mount points agree; a missing, extra or different-sized file changes it.
 std::string listing_fingerprint(const std::vector<std::filesystem::path>& files);
 
+// The same digest of a list of strings (sample names, weight samples), each in order.
+std::string text_fingerprint(const std::vector<std::string>& items);
+
 }  // namespace sd::data

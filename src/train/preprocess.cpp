@@ -1,7 +1,9 @@
 #include "train/preprocess.h"
 
 #include <ATen/core/grad_mode.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -11,6 +13,7 @@
 #include "core/log.h"
 #include "core/threads.h"
 #include "data/image_transforms.h"
+#include "data/listing_fingerprint.h"
 #include "data/prefetcher.h"
 #include "data/random_streams.h"
 #include "dist/rendezvous.h"
@@ -38,9 +41,25 @@ void validate(const PreprocessOptions& o) {
   SD_CHECK(o.batch_size >= 1, "--batch_size must be at least 1, got {}", o.batch_size);
 }
 
+// A digest of the samples' names (image paths below --train_data_dir, or shard names and keys), so that a rerun over
+// other images of the same count does not keep shards of the first ones.
+std::string sample_names_fingerprint(const PreprocessOptions& o, const data::ImageCaptionDataset& dataset) {
+  const std::string folder = o.inputs.train_data_dir.empty() ? "" : fs::path(o.inputs.train_data_dir).string();
+  std::vector<std::string> names;
+  for (int64_t i = 0; i < dataset.size(); ++i) {
+    std::string name = dataset.describe(i);
+    if (!folder.empty() && name.rfind(folder, 0) == 0) name.erase(0, folder.size());
+    names.push_back(std::move(name));
+  }
+  return data::text_fingerprint(names);
+}
+
 // What decides the contents of the shards: a shard kept from an earlier run must have been made with the same.
-json content_settings(const PreprocessOptions& o, int64_t samples) {
-  json settings = {{"samples", samples},
+json content_settings(const PreprocessOptions& o, const data::ImageCaptionDataset& dataset,
+                      const LatentEncoder& encoder) {
+  json settings = {{"samples", dataset.size()},
+                   {"sample names", sample_names_fingerprint(o, dataset)},
+                   {"model weights", encoder.weights_fingerprint()},
                    {"resolutions", o.resolution},
                    {"latents", o.latents},
                    {"text_pooled", o.text_pooled},
@@ -99,6 +118,22 @@ data::LatentsIndex LatentEncoder::describe() const {
   index.text_dim = text_encoder_->config().hidden_size;
   index.pooled = options_.text_pooled;
   return index;
+}
+
+std::string LatentEncoder::weights_fingerprint() const {
+  std::vector<std::string> items;
+  for (const torch::nn::Module* model :
+       {static_cast<const torch::nn::Module*>(vae_.get()), static_cast<const torch::nn::Module*>(text_encoder_.get())})
+    for (const auto& item : model->named_parameters()) {
+      const std::string& name = item.key();
+      const at::Tensor& tensor = item.value();
+      const at::Tensor flat = tensor.detach().reshape({-1}).to(at::kFloat).contiguous();
+      const int64_t n = std::min<int64_t>(flat.numel(), 64);
+      const at::Tensor ends = at::cat({flat.narrow(0, 0, n), flat.narrow(0, flat.numel() - n, n)});
+      items.push_back(fmt::format("{} {}", name, fmt::join(tensor.sizes(), "x")));
+      items.emplace_back(static_cast<const char*>(ends.data_ptr()), ends.numel() * sizeof(float));
+    }
+  return data::text_fingerprint(items);
 }
 
 LatentEncoder::Prepared LatentEncoder::prepare(const data::ImageCaptionDataset& dataset, int64_t index) const {
@@ -256,7 +291,7 @@ int run_preprocess(const PreprocessOptions& o) {
 
   data::LatentsIndex index = encoder.describe();
   index.shards = plan_shards(dataset->size(), o.samples_per_shard);
-  const json settings = content_settings(o, dataset->size());
+  const json settings = content_settings(o, *dataset, encoder);
   index.preprocessing = {{"model", o.model.name_or_path},
                          {"inputs", o.inputs.train_data_dir.empty() ? o.inputs.train_shards : o.inputs.train_data_dir},
                          {"settings", settings}};

@@ -51,6 +51,9 @@ class LatentEncoder {
   io::TensorMap encode_empty_caption();
   // index.json's description of the encoders' output (the shards are added by the caller).
   data::LatentsIndex describe() const;
+  // A digest of the VAE's and text encoder's weights (names, shapes and each tensor's first and last values): shards
+  // made by another model must not be kept as this one's.
+  std::string weights_fingerprint() const;
 
  private:
   struct Prepared;

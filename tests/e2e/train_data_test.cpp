@@ -244,6 +244,44 @@ TEST(TrainDataE2E, BucketedTrainingOnMixedAspectRatiosOnTwoRanksAsOnOne) {
   expect_same_weights(dir.path() / "single", dir.path() / "multi");
 }
 
+// A rerun keeps finished shards only when they hold the same samples encoded by the same model: an interrupted
+// preprocess rerun over other images of the same count, or with another model, would mix two datasets or two
+// latent spaces into one directory.
+TEST(TrainDataE2E, PreprocessKeepsNoShardOfOtherImagesOrAnotherModel) {
+  sd::test::TempDir dir;
+  const fs::path images = dir.path() / "images", others = dir.path() / "others", latents = dir.path() / "latents";
+  sd::test::write_captioned_images(images, 4);
+  sd::test::write_captioned_images(others, 4);
+  for (const char* ext : {".png", ".txt"})
+    fs::rename(others / (std::string("img0") + ext), others / (std::string("z") + ext));
+  const fs::path model = dir.path() / "model";
+  ASSERT_EQ(sd::test::run_command(sd::test::sdtrain_binary() + " init --preset tiny --seed 9 --out " + model.string())
+                .exit_code,
+            0);
+  auto preprocess = [&](const fs::path& inputs, const std::string& model_flag) {
+    std::vector<std::string> command =
+        sdtrain("preprocess", {"--train_data_dir=" + inputs.string(), "--resolution=32", "--samples_per_shard=2",
+                               "--output_dir=" + latents.string()});
+    if (!model_flag.empty()) command.push_back(model_flag);
+    return sd::test::run_process(command, 300s);
+  };
+  ASSERT_EQ(preprocess(images, "").exit_code, 0);
+  auto interrupt = [&] { fs::remove(latents / "index.json"), fs::remove(latents / "latents-00001.safetensors"); };
+  interrupt();
+  const auto r = preprocess(images, "");  // the same command: the finished shard is kept
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("1 shard(s) encoded, 1 kept from an earlier run"), std::string::npos) << r.output;
+  for (const auto& [inputs, model_flag] :
+       {std::pair{others, std::string()}, std::pair{images, "--pretrained_model_name_or_path=" + model.string()}}) {
+    interrupt();
+    const auto other = preprocess(inputs, model_flag);
+    EXPECT_NE(other.exit_code, 0) << other.output;
+    EXPECT_NE(other.output.find("latents-00000.safetensors: made with other settings"), std::string::npos)
+        << other.output;
+    EXPECT_FALSE(fs::exists(latents / "index.json"));
+  }
+}
+
 TEST(TrainDataE2E, BadDataIsOneErrorLine) {
   sd::test::TempDir dir;
   const fs::path out = dir.path() / "out";
