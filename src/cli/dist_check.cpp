@@ -45,8 +45,6 @@ int run_dist_check(const DistCheckOptions& o) {
   copts.timeout = dist::timeout_from_seconds(o.dist_timeout, "--dist_timeout");
   copts.iface = o.dist_iface;
   copts.transport = o.dist_transport;
-  const int threads = dist::threads_for_rank(o.threads > 0 ? std::optional<int>(o.threads) : std::nullopt, env);
-  set_compute_threads(threads);
   SD_CHECK(o.size_mb > 0 && o.size_mb <= 4096, "--size_mb must be in (0, 4096], got {}", o.size_mb);
   if (o.wait_for_stop) dist::install_stop_signal_handlers();
   const int fault_rank = o.fault_rank >= 0 ? o.fault_rank : env.world_size - 1;
@@ -55,6 +53,9 @@ int run_dist_check(const DistCheckOptions& o) {
   auto t0 = Clock::now();
   auto comm = dist::make_communicator(env, copts);
   double rendezvous_s = seconds_since(t0);
+  const int threads =
+      dist::threads_for_rank_among_peers(o.threads > 0 ? std::optional<int>(o.threads) : std::nullopt, env, *comm);
+  set_compute_threads(threads);
 
   // Sum of arange(n) * (rank + 1) over ranks is arange(n) * W(W+1)/2: exact in float32 for these sizes.
   const int64_t w = env.world_size;

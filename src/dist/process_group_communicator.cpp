@@ -37,6 +37,7 @@
 #include "dist/communicator.h"
 #include "dist/shared_memory_ring.h"
 #include "dist/store_listen.h"
+#include "dist/threads.h"
 
 namespace sd::dist {
 namespace {
@@ -279,25 +280,6 @@ class PendingRing : public PendingCollective {
  private:
   std::future<void> done_;
 };
-
-// What ranks must share to exchange messages through shared memory: the running kernel (boot id), the mount
-// namespace (one /dev/shm), the pid namespace (a peer's pid tells whether it still runs) and the network namespace
-// (ranks in separate ones stand for separate machines, as in the multi-machine tests). A rank that cannot read them
-// counts as a machine of its own.
-std::string machine_identity(int rank) {
-  const std::string unknown = fmt::format("unknown (rank {})", rank);
-  std::ifstream boot("/proc/sys/kernel/random/boot_id");
-  std::string identity;
-  // Namespace numbers repeat across machines (every kernel's initial ones are the same): without the boot id they
-  // tell nothing.
-  if (!std::getline(boot, identity) || identity.empty()) return unknown;
-  for (const char* ns : {"/proc/self/ns/mnt", "/proc/self/ns/pid", "/proc/self/ns/net"}) {
-    char target[256] = {};
-    if (readlink(ns, target, sizeof target - 1) <= 0) return unknown;
-    identity += std::string(" ") + target;
-  }
-  return identity;
-}
 
 // How a ring message lands: copied into place, or added into it (the reduce-scatter's float32 sums).
 enum class Arrival { copy, add };

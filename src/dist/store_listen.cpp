@@ -123,12 +123,16 @@ std::optional<std::string> store_listen_address(const DistEnv& env, const std::v
   for (addrinfo* ai = found; ai; ai = ai->ai_next)
     if (ai->ai_family == AF_INET || ai->ai_family == AF_INET6) resolved.push_back(numeric_address(ai->ai_addr));
   freeaddrinfo(found);
+  // A loopback address or "localhost" as MASTER_ADDR means this machine on every machine: ranks elsewhere could only
+  // reach it through a tunnel, which ends on loopback too. A hostname that resolves to loopback here alone (Debian's
+  // 127.0.1.1 for the machine's own name) may be an interface address on the others.
+  const bool loopback_everywhere = is_loopback(env.master_addr) || env.master_addr == "localhost";
   std::optional<std::string> loopback_seen;
   for (const auto& address : resolved) {
     const bool loopback = is_loopback(address);
     const bool local = loopback || std::count(local_addresses.begin(), local_addresses.end(), address) > 0;
     if (!local) continue;
-    if (loopback && !env.single_node()) {
+    if (loopback && !env.single_node() && !loopback_everywhere) {
       loopback_seen = address;
       continue;
     }

@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <fstream>
+#include <functional>
 
 #include "core/error.h"
 
@@ -31,6 +33,34 @@ int threads_for_rank(std::optional<int> flag, const DistEnv& env) {
   const long online = sysconf(_SC_NPROCESSORS_ONLN);
   if (online > 0 && mine < online) return mine;
   return std::max(1, mine / std::max(1, env.local_world_size));
+}
+
+// What ranks must share to exchange messages through shared memory: the running kernel (boot id), the mount
+// namespace (one /dev/shm), the pid namespace (a peer's pid tells whether it still runs) and the network namespace
+// (ranks in separate ones stand for separate machines, as in the multi-machine tests). A rank that cannot read them
+// counts as a machine of its own.
+std::string machine_identity(int rank) {
+  const std::string unknown = fmt::format("unknown (rank {})", rank);
+  std::ifstream boot("/proc/sys/kernel/random/boot_id");
+  std::string identity;
+  // Namespace numbers repeat across machines (every kernel's initial ones are the same): without the boot id they
+  // tell nothing.
+  if (!std::getline(boot, identity) || identity.empty()) return unknown;
+  for (const char* ns : {"/proc/self/ns/mnt", "/proc/self/ns/pid", "/proc/self/ns/net"}) {
+    char target[256] = {};
+    if (readlink(ns, target, sizeof target - 1) <= 0) return unknown;
+    identity += std::string(" ") + target;
+  }
+  return identity;
+}
+
+int threads_for_rank_among_peers(std::optional<int> flag, const DistEnv& env, Communicator& comm) {
+  if (flag || comm.world_size() == 1) return threads_for_rank(flag, env);
+  const auto mine = static_cast<int64_t>(std::hash<std::string>{}(machine_identity(comm.rank())));
+  const std::vector<int64_t> machines = comm.all_gather({mine});
+  DistEnv counted = env;
+  counted.local_world_size = static_cast<int>(std::count(machines.begin(), machines.end(), mine));
+  return threads_for_rank(flag, counted);
 }
 
 }  // namespace sd::dist

@@ -4,6 +4,9 @@
 #pragma once
 #include <optional>
 
+#include <string>
+
+#include "dist/communicator.h"
 #include "dist/rendezvous.h"
 
 namespace sd::dist {
@@ -12,5 +15,14 @@ namespace sd::dist {
 int affinity_core_count();
 
 int threads_for_rank(std::optional<int> flag, const DistEnv& env);
+
+// What ranks must share to count as one machine (one kernel, /dev/shm, pid and network namespace); a rank that
+// cannot read it gets an identity of its own ("unknown (rank r)").
+std::string machine_identity(int rank);
+
+// The same after the rendezvous, with the ranks sharing this machine counted rather than read from the launcher:
+// torchrun-style variables set by hand or by Kubeflow often lack LOCAL_WORLD_SIZE, and every rank of a machine then
+// took all of its CPUs (2 ranks x 2 threads on 2 cores ran 8x slower). One all_gather.
+int threads_for_rank_among_peers(std::optional<int> flag, const DistEnv& env, Communicator& comm);
 
 }  // namespace sd::dist

@@ -84,7 +84,6 @@ int stop_exit_code() { return 128 + (dist::stop_signal() ? dist::stop_signal() :
 
 RunContext start_run(const TrainerOptions& o) {
   const dist::DistEnv env = dist::detect_dist_env();
-  set_compute_threads(dist::threads_for_rank(o.threads, env));
   dist::install_stop_signal_handlers();
   dist::CommOptions comm_options;
   comm_options.timeout = dist::timeout_from_seconds(o.dist_timeout_s);
@@ -92,6 +91,7 @@ RunContext start_run(const TrainerOptions& o) {
   comm_options.transport = o.dist_transport;
   RunContext context;
   context.comm = dist::make_communicator(env, comm_options);
+  set_compute_threads(dist::threads_for_rank_among_peers(o.threads, env, *context.comm));
   log::set_rank(context.comm->rank(), context.comm->world_size());
   // Every rank writes its part of each checkpoint there; after the rendezvous, so that the others hear of a failure
   // at once instead of waiting for this rank to join.

@@ -166,6 +166,34 @@ TEST(DistProcesses, TorchrunStyleVariables) {
   EXPECT_EQ(json_lines(all).size(), 3u) << all;
 }
 
+// Kubeflow's PyTorchJob and hand-set variables often give no LOCAL_WORLD_SIZE: the ranks count the ones sharing their
+// machine at the rendezvous and divide its CPUs among them, instead of each taking them all.
+TEST(DistProcesses, RanksWithoutLocalWorldSizeShareTheMachinesCpus) {
+  std::vector<std::unique_ptr<Process>> procs;
+  const int port = find_free_port();
+  for (int r = 0; r < 2; ++r) {
+    auto env = clean_env();
+    env["RANK"] = std::to_string(r);
+    env["WORLD_SIZE"] = "2";
+    env["MASTER_ADDR"] = "127.0.0.1";
+    env["MASTER_PORT"] = std::to_string(port);
+    procs.push_back(std::make_unique<Process>(
+        std::vector<std::string>{sd::test::sdtrain_binary(), "dist-check", "--dist_timeout", "30"}, env));
+  }
+  std::string all;
+  for (auto& p : procs) {
+    ASSERT_TRUE(p->wait(seconds(60))) << p->output();
+    EXPECT_EQ(p->exit_code(), 0) << p->output();
+    all += p->output();
+  }
+  ASSERT_EQ(json_lines(all).size(), 2u) << all;
+  for (const auto& l : json_lines(all)) {
+    EXPECT_EQ(l.at("local_world_size"), 1) << l;  // what the environment said
+    EXPECT_EQ(l.at("threads"), std::max(1, affinity_core_count() / 2)) << l;
+  }
+  EXPECT_EQ(all.find("listens on every interface"), std::string::npos) << all;
+}
+
 std::vector<Process*> raw(const std::vector<std::unique_ptr<Process>>& procs) {
   std::vector<Process*> r;
   for (auto& p : procs) r.push_back(p.get());
