@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -59,6 +60,15 @@ CLI::Validator positive_number() {
         return {};
       },
       ">0");
+}
+
+CLI::Validator not_a_flag() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        const bool looks_like_a_flag = text.size() > 2 && text.compare(0, 2, "--") == 0 && std::isalpha(text[2]);
+        return looks_like_a_flag ? "got the flag " + text + " instead of a value" : std::string();
+      },
+      "");
 }
 
 CLI::Validator finite_number() {

@@ -4,23 +4,37 @@
 #include <CLI/CLI.hpp>
 #include <optional>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 namespace sd::cli {
 
 // "--train_batch_size" -> "--train_batch_size,--train-batch-size"
 std::string flag_names(const std::string& snake_name);
 
+// A text value that is another flag ("--validation_prompts --output_dir out"): the value was forgotten, and CLI11
+// would take the next flag as it. Refused as "--validation_prompts: got the flag --output_dir instead of a value".
+CLI::Validator not_a_flag();
+
+template <typename T>
+constexpr bool is_text = std::is_same_v<T, std::string> || std::is_same_v<T, std::vector<std::string>> ||
+                         std::is_same_v<T, std::optional<std::string>>;
+
 template <typename T>
 CLI::Option* flag(CLI::App* app, const std::string& name, T& value, const std::string& help) {
-  return app->add_option(flag_names(name), value, help)->capture_default_str();
+  CLI::Option* option = app->add_option(flag_names(name), value, help)->capture_default_str();
+  if constexpr (is_text<T>) option->check(not_a_flag());
+  return option;
 }
 
 // A repeatable flag: each occurrence takes exactly one value (`--x a --x b`), so it never swallows positionals.
 template <typename T>
 CLI::Option* repeated_flag(CLI::App* app, const std::string& name, std::vector<T>& values, const std::string& help) {
-  return app->add_option(flag_names(name), values, help)
-      ->allow_extra_args(false)
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  CLI::Option* option = app->add_option(flag_names(name), values, help)
+                            ->allow_extra_args(false)
+                            ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  if constexpr (std::is_same_v<T, std::string>) option->check(not_a_flag());
+  return option;
 }
 
 inline CLI::Option* switch_flag(CLI::App* app, const std::string& name, bool& value, const std::string& help) {

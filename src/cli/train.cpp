@@ -76,6 +76,7 @@ void add_train(CLI::App& app, std::function<int()>& chosen) {
   cmd->add_option(flag_names("--validation_prompts"), o->validation_prompts,
                   "Prompts to generate images for every --validation_epochs epochs (into <output_dir>/validation)")
       ->expected(1, CLI::detail::expected_max_vector_size)
+      ->check(not_a_flag())
       ->group(validation);
   flag(cmd, "--validation_epochs", o->validation_epochs, "Validate every N epochs")
       ->check(at_least(1))

@@ -109,6 +109,13 @@ TEST(Cli, FlagValuesAreCheckedBeforeAnyWork) {
       run_command(sdtrain(
           "train --pretrained_model_name_or_path m --synthetic_data latents --lr_scheduler polynomial --lr_power nan")),
       "--lr_power: nan is not a finite number"));
+  // A forgotten value: CLI11 would take the next flag as it (and the run's outputs would land in the default folder).
+  EXPECT_TRUE(sd::test::is_one_line_error(
+      run_command(sdtrain(
+          "train --pretrained_model_name_or_path m --synthetic_data latents --validation_prompts --output_dir out")),
+      "--validation_prompts: got the flag --output_dir instead of a value"));
+  EXPECT_TRUE(sd::test::is_one_line_error(run_command(sdtrain("generate" + model + " --negative_prompt --seed 3")),
+                                          "--negative_prompt: got the flag --seed instead of a value"));
 }
 
 // init and convert write whole pipelines: over an existing one only when asked, over their own input never.
