@@ -42,11 +42,12 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, BatchLayout layout,
       epoch_size_(epoch_size(size_, bucket_of_, layout_.batch)) {
   SD_CHECK(bucket_of_.empty() || static_cast<int64_t>(bucket_of_.size()) == size_,
            "{} bucket assignments for a dataset of {} samples", bucket_of_.size(), size_);
-  SD_CHECK(epoch_size_ >= layout_.global(),
-           "the dataset has {} samples{}, fewer than one global batch ({} per rank x {} accumulation x {} ranks); "
-           "raise --repeats or lower the batch size",
-           epoch_size_, bucket_of_.empty() ? "" : " in whole micro-batches of one bucket", layout_.batch,
-           layout_.accumulation, layout_.world);
+  // Fewer samples than a global batch still train: the batch is filled from the epoch's start (as an epoch's last
+  // batch is). A bucket's micro-batch must be whole, though, so some bucket must hold one.
+  SD_CHECK(epoch_size_ >= 1,
+           "no bucket holds a whole micro-batch of {} samples of the {}: lower --train_batch_size, or widen the "
+           "buckets (--bucket_reso_steps, --min_bucket_reso, --max_bucket_reso)",
+           layout_.batch, size_);
 }
 
 int64_t steps_per_epoch(int64_t samples, const BatchLayout& layout) {

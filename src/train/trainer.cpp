@@ -112,10 +112,9 @@ Trainer::Trainer(const TrainerOptions& options, RunContext& context, Task& task)
   state_.global_batch = layout.global();
   state_.dataset_size = task_.dataset_size();
   steps_per_epoch_ = data::steps_per_epoch(task_.dataset_size(), layout);
-  SD_CHECK(task_.dataset_size() == 0 || task_.dataset_size() >= layout.global(),
-           "the dataset has {} samples, fewer than one global batch ({} per rank x {} accumulation x {} ranks); "
-           "lower the batch size or add data",
-           task_.dataset_size(), layout.batch, layout.accumulation, layout.world);
+  if (task_.dataset_size() > 0 && task_.dataset_size() < layout.global() && context_.comm->rank() == 0)
+    log::warn("the dataset has {} samples, fewer than one global batch of {}: every step repeats them",
+              task_.dataset_size(), layout.global());
   const std::optional<int64_t> steps = options_.max_train_steps ? options_.max_train_steps : task_.default_max_steps();
   SD_CHECK(steps || steps_per_epoch_ > 0, "--max_train_steps is required: this data has no epochs to count");
   max_steps_ = steps.value_or(options_.num_train_epochs * steps_per_epoch_);

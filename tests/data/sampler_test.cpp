@@ -55,8 +55,22 @@ TEST(DistributedSampler, EpochIsAPermutationAndEpochsDiffer) {
   EXPECT_NE(s.epoch_order(0), DistributedSampler(30, BatchLayout{3, 1, 2}, 2).epoch_order(0));
 }
 
+// As an epoch's last batch: a global batch larger than the data is filled from the epoch's start, over and over.
 TEST(DistributedSampler, DatasetSmallerThanOneGlobalBatch) {
-  EXPECT_THROW(DistributedSampler(3, BatchLayout{2, 1, 2}, 0), Error);
+  const BatchLayout layout{2, 2, 2};
+  const DistributedSampler s(3, layout, 0);
+  EXPECT_EQ(s.steps_per_epoch(), 1);
+  const std::vector<int64_t> o = s.epoch_order(0);
+  EXPECT_EQ(s.micro_batch(0, 0, 0), (std::vector<int64_t>{o[0], o[1]}));
+  EXPECT_EQ(s.micro_batch(0, 0, 1), (std::vector<int64_t>{o[2], o[0]}));
+  EXPECT_EQ(s.micro_batch(0, 1, 1), (std::vector<int64_t>{o[0], o[1]}));
+  EXPECT_EQ(s.micro_batch(1, 0, 0), (std::vector<int64_t>{s.epoch_order(1)[0], s.epoch_order(1)[1]}));
+  // With buckets a micro-batch comes whole from one bucket: two buckets of one sample hold none of two.
+  EXPECT_EQ(sd::test::error_of([] {
+              DistributedSampler(2, BatchLayout{2, 1, 1}, 0, {0, 1});
+            }),
+            "no bucket holds a whole micro-batch of 2 samples of the 2: lower --train_batch_size, or widen the buckets "
+            "(--bucket_reso_steps, --min_bucket_reso, --max_bucket_reso)");
 }
 
 // 40 samples in three buckets of 17, 13 and 10 samples.
