@@ -38,7 +38,8 @@ json TrainingState::to_json() const {
           {"global_batch", global_batch},
           {"samples_seen", samples_seen},
           {"nonfinite_steps_skipped", nonfinite_steps_skipped},
-          {"dataset_size", dataset_size}};
+          {"dataset_size", dataset_size},
+          {"data_step_offset", data_step_offset}};
 }
 
 TrainingState TrainingState::from_json(const json& j, const std::string& source) {
@@ -50,6 +51,7 @@ TrainingState TrainingState::from_json(const json& j, const std::string& source)
     s.samples_seen = j.value("samples_seen", s.step * s.global_batch);
     s.nonfinite_steps_skipped = j.value("nonfinite_steps_skipped", int64_t{0});
     s.dataset_size = j.value("dataset_size", int64_t{0});
+    s.data_step_offset = j.value("data_step_offset", int64_t{0});
   } catch (const json::exception& e) {
     fail("{}: training state is incomplete or malformed ({})", source, e.what());
   }
@@ -237,7 +239,7 @@ StepReport Trainer::train_step() {
   const data::BatchLayout& layout = context_.layout;
   double loss_sum = 0;
   for (int64_t micro = 0; micro < layout.accumulation; ++micro) {
-    const at::Tensor loss = task_.micro_batch_loss(state_.step, micro);
+    const at::Tensor loss = task_.micro_batch_loss(state_.data_step(), micro);
     loss_sum += loss.item<double>();
     params_->backward(loss, micro == 0, micro + 1 == layout.accumulation);
   }
@@ -281,7 +283,7 @@ void Trainer::record(const StepReport& r, double seconds) {
                {"grad_norm", r.grad_norm},
                {"step_time_s", seconds},
                {"images_per_s", static_cast<double>(context_.layout.global()) / seconds}};
-  if (steps_per_epoch_ > 0) line["epoch"] = (r.step - 1) / steps_per_epoch_;
+  if (steps_per_epoch_ > 0) line["epoch"] = (state_.data_step() - 1) / steps_per_epoch_;
   if (params_->has_ema()) line["ema_decay"] = r.ema_decay;
   line.update(task_.step_metrics());
   metrics_.log_step(line);
@@ -392,6 +394,19 @@ void Trainer::resume_from(const fs::path& dir) {
   log::info("resuming from {} (step {})", dir.string(), state_.step);
 }
 
+// The data step, in this run's layout, at the point of the epoch a checkpoint of another global batch had reached:
+// the same epoch, past as many samples (rounded up to whole steps), so no sample is trained twice or skipped.
+int64_t Trainer::continue_epoch_with_new_batch(const TrainingState& stored) const {
+  if (steps_per_epoch_ == 0) return stored.step;
+  const int64_t old_steps_per_epoch =
+      data::steps_per_epoch(task_.dataset_size(), data::BatchLayout{stored.global_batch, 1, 1});
+  const int64_t epoch = stored.data_step() / old_steps_per_epoch;
+  const int64_t samples_into_epoch =
+      std::min(task_.dataset_size(), (stored.data_step() % old_steps_per_epoch) * stored.global_batch);
+  const int64_t global = context_.layout.global();
+  return epoch * steps_per_epoch_ + (samples_into_epoch + global - 1) / global;
+}
+
 void Trainer::resume_from_manifest(const fs::path& dir, const json& manifest) {
   SD_CHECK(manifest.at("task") == task_.name(), "{}: a {} checkpoint cannot resume a {} run", dir.string(),
            manifest.at("task").get<std::string>(), task_.name());
@@ -408,9 +423,17 @@ void Trainer::resume_from_manifest(const fs::path& dir, const json& manifest) {
            fmt::join(trained, " and "), fmt::join(asked, " and "));
   const TrainingState stored = TrainingState::from_json(io::JsonConfig::load(dir / "training_state.json").raw(),
                                                         (dir / "training_state.json").string());
-  if (stored.global_batch != state_.global_batch)
-    log::warn("{}: the global batch changes from {} to {}; the data order will differ from the original run",
-              dir.string(), stored.global_batch, state_.global_batch);
+  if (stored.global_batch != state_.global_batch) {
+    const int64_t continued = continue_epoch_with_new_batch(stored);
+    state_.data_step_offset = continued - stored.step;
+    log::warn(
+        "{}: the global batch changes from {} to {}; training continues in epoch {} after the samples the checkpoint "
+        "saw of it, in another order than the original run",
+        dir.string(), stored.global_batch, state_.global_batch,
+        steps_per_epoch_ > 0 ? continued / steps_per_epoch_ : 0);
+  } else {
+    state_.data_step_offset = stored.data_step_offset;
+  }
   if (stored.dataset_size > 0 && stored.dataset_size != state_.dataset_size)
     log::warn(
         "{}: the checkpoint was trained on {} samples per epoch, this data has {}; the data order will differ "

@@ -80,6 +80,10 @@ struct TrainingState {
   int64_t samples_seen = 0;
   int64_t nonfinite_steps_skipped = 0;  // steps whose update --skip_nonfinite_steps dropped
   int64_t dataset_size = 0;             // samples in an epoch (0: no dataset, or a checkpoint from before it was kept)
+  // The data order's step minus the optimizer step: 0 unless a resume changed the global batch, after which the
+  // data continues from the same point of the same epoch rather than from where `step` falls in the new layout.
+  int64_t data_step_offset = 0;
+  int64_t data_step() const { return step + data_step_offset; }
   nlohmann::json to_json() const;
   static TrainingState from_json(const nlohmann::json& j, const std::string& source);
 };
@@ -111,6 +115,7 @@ class Trainer {
   void resume_and_open_outputs();
   void recover_interrupted_outputs();
   void check_every_rank_sees_the_output_dir();
+  int64_t continue_epoch_with_new_batch(const TrainingState& stored) const;
   // What must be equal on every rank: the command's flags (less the per-machine ones), the data the task found,
   // the number of trained values and the step resumed from.
   nlohmann::json run_settings() const;

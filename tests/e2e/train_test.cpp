@@ -288,6 +288,45 @@ TEST(TrainE2E, SyntheticLatentsFromScratch) {
   EXPECT_EQ(config(out.path()), expected);
 }
 
+// A resume with another global batch continues the epoch the checkpoint was in, past the samples it saw: 16 samples
+// in batches of 2 for 12 steps are 8 samples into epoch 1; in batches of 4, two steps finish epoch 1.
+TEST(TrainE2E, AResumeWithAnotherGlobalBatchContinuesTheEpoch) {
+  sd::test::TempDir out;
+  auto run = [&](int batch, int steps, const std::vector<std::string>& extra) {
+    std::vector<std::string> args = {"--synthetic_data=latents",
+                                     "--synthetic_samples=16",
+                                     "--resolution=32",
+                                     "--train_batch_size=" + std::to_string(batch),
+                                     "--max_train_steps=" + std::to_string(steps),
+                                     "--checkpointing_steps=12",
+                                     "--seed=3",
+                                     "--report_to=jsonl",
+                                     "--output_dir=" + out.path().string()};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return sd::test::run_process(train_command(args), 180s);
+  };
+  ASSERT_EQ(run(2, 12, {}).exit_code, 0);
+  const auto resumed = run(4, 16, {"--resume_from_checkpoint=latest"});
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("the global batch changes from 2 to 4; training continues in epoch 1"),
+            std::string::npos)
+      << resumed.output;
+  std::map<int, int> epoch_of_step;
+  std::ifstream log(out.path() / "logs" / "metrics.jsonl");
+  for (std::string line; std::getline(log, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.contains("epoch")) epoch_of_step[j["step"].get<int>()] = j["epoch"].get<int>();
+  }
+  EXPECT_EQ(epoch_of_step[8], 0);
+  EXPECT_EQ(epoch_of_step[12], 1);
+  EXPECT_EQ(epoch_of_step[13], 1);
+  EXPECT_EQ(epoch_of_step[14], 1);
+  EXPECT_EQ(epoch_of_step[15], 2);
+  const nlohmann::json state =
+      nlohmann::json::parse(io::read_text_file(out.path() / "checkpoint-12" / "training_state.json"));
+  EXPECT_EQ(state["data_step_offset"], 0);
+}
+
 // A diverging run (a learning rate that throws the weights to ~1e38 in one step, so the next forward overflows)
 // stops at the first non-finite step with one line, keeping the last checkpoint; --skip_nonfinite_steps N lets it
 // drop up to N such updates instead.
