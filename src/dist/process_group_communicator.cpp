@@ -718,17 +718,20 @@ class ProcessGroupCommunicator : public Communicator {
   // Ranks that all run on one machine send the ring collectives' messages through shared memory (see
   // shared_memory_ring.h). Every rank learns whether every rank could map the segment, so all use one transport.
   void connect_shared_memory() {
-    if (opts_.transport == "tcp") return;
     const int world = env_.world_size;
     std::string why;
     std::unique_ptr<SharedMemoryRing> ring;
     bool all_opened = true;
     try {
-      const std::string here = machine_identity(env_.rank);
+      // A rank told --dist_transport tcp still says where it is, as a place no other rank shares: the others then
+      // fall back to TCP with it instead of waiting for it until the timeout.
+      const bool tcp = opts_.transport == "tcp";
+      const std::string here = tcp ? fmt::format("tcp (rank {})", env_.rank) : machine_identity(env_.rank);
       store_->set(machine_key(env_.rank), bytes(here));
+      if (tcp) return;
       for (int r = 0; r < world; ++r)
         if (text(store_->get(machine_key(r))) != here) {
-          debug("rank {}: rank {} runs on another machine: ring collectives over TCP", env_.rank, r);
+          debug("rank {}: rank {} runs on another machine or asked for TCP: ring collectives over TCP", env_.rank, r);
           return;
         }
       if (env_.rank == 0) {

@@ -194,6 +194,35 @@ TEST(DistProcesses, RanksWithoutLocalWorldSizeShareTheMachinesCpus) {
   EXPECT_EQ(all.find("listens on every interface"), std::string::npos) << all;
 }
 
+// --dist_transport is chosen per machine; ranks of one machine that were told differently agree on TCP at once
+// rather than waiting for each other until the timeout.
+TEST(DistProcesses, RanksOfOneMachineToldDifferentTransportsAgreeOnTcp) {
+  std::vector<std::unique_ptr<Process>> procs;
+  const int port = find_free_port();
+  for (int r = 0; r < 2; ++r) {
+    auto env = clean_env();
+    env.insert({{"RANK", std::to_string(r)},
+                {"WORLD_SIZE", "2"},
+                {"LOCAL_RANK", std::to_string(r)},
+                {"LOCAL_WORLD_SIZE", "2"},
+                {"MASTER_ADDR", "127.0.0.1"},
+                {"MASTER_PORT", std::to_string(port)}});
+    procs.push_back(
+        std::make_unique<Process>(std::vector<std::string>{sd::test::sdtrain_binary(), "dist-check", "--dist_timeout",
+                                                           "60", "--dist_transport", r == 0 ? "tcp" : "auto"},
+                                  env));
+  }
+  std::string all;
+  for (auto& p : procs) {
+    ASSERT_TRUE(p->wait(seconds(90))) << p->output();
+    EXPECT_EQ(p->exit_code(), 0) << p->output();
+    EXPECT_LT(p->seconds(), 30) << p->output();
+    all += p->output();
+  }
+  ASSERT_EQ(json_lines(all).size(), 2u) << all;
+  for (const auto& l : json_lines(all)) EXPECT_EQ(l.at("ring_transport"), "tcp") << l;
+}
+
 std::vector<Process*> raw(const std::vector<std::unique_ptr<Process>>& procs) {
   std::vector<Process*> r;
   for (auto& p : procs) r.push_back(p.get());
