@@ -90,6 +90,27 @@ void FileWriter::close() {
   if (fd >= 0 && ::close(fd) != 0) fail_with_errno("cannot write");
 }
 
+void copy_folder(const fs::path& from, const fs::path& to, const fs::path& shown_as) {
+  fs::create_directory(to);
+  std::vector<char> buffer(size_t{1} << 20);
+  for (const fs::directory_entry& entry : fs::recursive_directory_iterator(from)) {
+    const fs::path relative = entry.path().lexically_relative(from);
+    if (entry.is_directory()) {
+      fs::create_directory(to / relative);
+      continue;
+    }
+    std::ifstream in(entry.path(), std::ios::binary);
+    SD_CHECK(in.is_open(), "{}: cannot open for reading", entry.path().string());
+    FileWriter out(to / relative, shown_as / relative);
+    while (in) {
+      in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+      out.write(buffer.data(), static_cast<size_t>(in.gcount()));
+    }
+    SD_CHECK(in.eof(), "{}: cannot read", entry.path().string());
+    out.close();
+  }
+}
+
 void write_atomically(const fs::path& path, const std::function<void(const fs::path&)>& write) {
   const fs::path tmp = temporary_name(path);
   try {

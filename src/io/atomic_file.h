@@ -28,6 +28,12 @@ class FileWriter {
   std::filesystem::path name_;
 };
 
+// Copies the folder `from` (files and subfolders) into the new or empty folder `to`. Errors name the file the way
+// `shown_as` (the folder `to` will become) would hold it and the OS's reason, e.g. "out/vae/x.safetensors: cannot
+// write: No space left on device" (std::filesystem::copy reports a full disk as an I/O error of the source).
+void copy_folder(const std::filesystem::path& from, const std::filesystem::path& to,
+                 const std::filesystem::path& shown_as);
+
 // Calls write(tmp_path) and renames tmp_path to path once write returns; removes tmp_path if it throws.
 void write_atomically(const std::filesystem::path& path,
                       const std::function<void(const std::filesystem::path& tmp_path)>& write);

@@ -82,9 +82,8 @@ StableDiffusion load_pipeline(const ModelSource& source, const ComponentDtypes& 
 void copy_components(const ModelSource& source, const fs::path& to, const std::vector<std::string>& parts) {
   if (!is_single_file(source)) {
     for (const auto& part : parts)
-      io::write_directory_atomically(to / part, [&](const fs::path& tmp) {
-        fs::copy(source.path / part, tmp, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
-      });
+      io::write_directory_atomically(to / part,
+                                     [&](const fs::path& tmp) { io::copy_folder(source.path / part, tmp, to / part); });
     return;
   }
   // Only the model components asked for are loaded (in float32), then written as save_pipeline writes them.

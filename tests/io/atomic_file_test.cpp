@@ -163,6 +163,22 @@ TEST(AtomicFile, OutputFileProblemsNameTheFlagAndTheReason) {
   EXPECT_EQ(leftovers(dir.path(), {"file", "grid.png"}), std::vector<std::string>{});
 }
 
+TEST(AtomicFile, CopyFolderCopiesEveryFileAndNamesAFullDiskAsSuch) {
+  sd::test::TempDir dir;
+  const fs::path from = dir.path() / "from";
+  fs::create_directories(from / "sub" / "deeper");
+  std::ofstream(from / "a.json") << "{}";
+  std::ofstream(from / "sub" / "deeper" / "b.bin") << std::string(3 << 20, 'b');  // more than one 1 MiB chunk
+  copy_folder(from, dir.path() / "to", "shown");
+  EXPECT_EQ(read_text_file(dir.path() / "to" / "a.json"), "{}");
+  EXPECT_EQ(read_text_file(dir.path() / "to" / "sub" / "deeper" / "b.bin"), std::string(3 << 20, 'b'));
+
+  sd::test::Tmpfs small(dir.path() / "small", "size=64k");
+  if (!small.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (" << small.error() << ")";
+  EXPECT_EQ(sd::test::error_of([&] { copy_folder(from, dir.path() / "small" / "to", "out/vae"); }),
+            "out/vae/sub/deeper/b.bin: cannot write: No space left on device");
+}
+
 TEST(AtomicFile, FullAndReadOnlyFileSystemsAreNamed) {
   sd::test::TempDir dir;
   sd::test::Tmpfs small(dir.path() / "small", "size=64k");
