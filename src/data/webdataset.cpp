@@ -115,7 +115,10 @@ WebDatasetShards::WebDatasetShards(std::vector<fs::path> shards, std::string cap
         "--train_shards: {} sample(s) without an image (jpg, jpeg, png, webp, bmp) or a caption (txt, json) "
         "were dropped, e.g. {}",
         incomplete, example);
-  SD_CHECK(!samples_.empty(), "--train_shards: the {} shard(s) hold no sample with both an image and a caption",
+  // The usual cause with real files: a tar written in directory order, which splits a sample's members apart.
+  SD_CHECK(!samples_.empty(),
+           "--train_shards: the {} shard(s) hold no sample with both an image and a caption (a sample's members must "
+           "follow each other in the tar, as `tar --sort=name` and img2dataset write them)",
            shards_.size());
 }
 
@@ -123,7 +126,7 @@ EncodedSample WebDatasetShards::read(int64_t index) const {
   const ShardSample& sample = samples_.at(index);
   const fs::path& shard = shards_[sample.shard];
   const std::string caption = io::read_entry(shard, {"caption", sample.caption_offset, sample.caption_size});
-  return {io::read_entry(shard, {"image", sample.image_offset, sample.image_size}), {caption_of(index, caption)}};
+  return {io::read_entry(shard, {"image", sample.image_offset, sample.image_size}), captions_of(index, caption)};
 }
 
 std::string WebDatasetShards::image_head(int64_t index, uint64_t bytes) const {
@@ -147,13 +150,24 @@ std::string WebDatasetShards::describe(int64_t index) const {
   return fmt::format("{} (the sample whose image starts at byte {})", shard.string(), sample.image_offset);
 }
 
-std::string WebDatasetShards::caption_of(int64_t index, const std::string& bytes) const {
-  if (!samples_.at(index).caption_is_json) return bytes;
+// A .txt caption, or the caption in a .json: a string, or a list of strings of which each use picks one (as an
+// imagefolder caption column may be).
+std::vector<std::string> WebDatasetShards::captions_of(int64_t index, const std::string& bytes) const {
+  if (!samples_.at(index).caption_is_json) return {bytes};
   const nlohmann::json metadata = nlohmann::json::parse(bytes, nullptr, /*allow_exceptions=*/false);
-  for (const std::string& key : {caption_key_, std::string("caption")})
-    if (metadata.is_object() && metadata.contains(key) && metadata[key].is_string()) return metadata[key];
+  if (metadata.is_discarded()) throw UnusableSample(fmt::format("{}: its .json is not valid JSON", describe(index)));
+  for (const std::string& key : {caption_key_, std::string("caption")}) {
+    if (!metadata.is_object() || !metadata.contains(key)) continue;
+    const nlohmann::json& value = metadata[key];
+    if (value.is_string()) return {value.get<std::string>()};
+    if (value.is_array() && !value.empty() &&
+        std::all_of(value.begin(), value.end(), [](const nlohmann::json& v) { return v.is_string(); }))
+      return value.get<std::vector<std::string>>();
+  }
   throw UnusableSample(
-      fmt::format("{}: no .txt caption, and its .json has no string '{}' or 'caption'", describe(index), caption_key_));
+      fmt::format("{}: no .txt caption, and its .json has no '{}' or 'caption' that is a string or a "
+                  "list of strings",
+                  describe(index), caption_key_));
 }
 
 }  // namespace sd::data

@@ -69,7 +69,7 @@ class WebDatasetShards : public ImageCaptionDataset {
 
  private:
   // The caption text of sample `index` from its caption member's bytes.
-  std::string caption_of(int64_t index, const std::string& bytes) const;
+  std::vector<std::string> captions_of(int64_t index, const std::string& bytes) const;
 
   std::vector<std::filesystem::path> shards_;
   std::string caption_key_;

@@ -147,11 +147,40 @@ TEST(WebDataset, ShardsReadEachSampleWithOnePreadAndReplaceUndecodableImages) {
             std::string::npos);
 }
 
+// A .json caption may be a list, as an imagefolder caption column may; JSON that does not parse is named as such.
+TEST(WebDataset, JsonCaptionsMayBeListsAndBrokenJsonIsNamed) {
+  TempDir dir;
+  TarBuilder()
+      .file("a.png", png_bytes(dir.path(), 10))
+      .file("a.json", R"({"caption": ["one", "two"]})")
+      .file("b.png", png_bytes(dir.path(), 20))
+      .file("b.json", "{not json")
+      .file("c.png", png_bytes(dir.path(), 30))
+      .file("c.json", R"({"caption": ["one", 2]})")
+      .end()
+      .write(dir.path() / "0.tar");
+  const WebDatasetShards shards({dir.path() / "0.tar"}, "text", 1);
+  EXPECT_EQ(shards.read(0).captions, (std::vector<std::string>{"one", "two"}));
+  auto unusable = [&](int64_t index) {
+    try {
+      shards.read(index);
+    } catch (const UnusableSample& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(unusable(1), (dir.path() / "0.tar").string() + ": sample 'b': its .json is not valid JSON");
+  EXPECT_EQ(unusable(2), (dir.path() / "0.tar").string() +
+                             ": sample 'c': no .txt caption, and its .json has no 'text' or 'caption' that is a string "
+                             "or a list of strings");
+}
+
 TEST(WebDataset, ShardsWithoutAnyUsableSampleAreAnError) {
   TempDir dir;
   TarBuilder().file("a.jpg", "x").end().write(dir.path() / "0.tar");
   EXPECT_EQ(sd::test::error_of([&] { WebDatasetShards({dir.path() / "0.tar"}, "text", 1); }),
-            "--train_shards: the 1 shard(s) hold no sample with both an image and a caption");
+            "--train_shards: the 1 shard(s) hold no sample with both an image and a caption (a sample's members must "
+            "follow each other in the tar, as `tar --sort=name` and img2dataset write them)");
 }
 
 }  // namespace
