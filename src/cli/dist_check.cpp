@@ -136,6 +136,7 @@ int run_dist_check(const DistCheckOptions& o) {
     line["stopped"] = stopped;
     line["steps"] = steps;
     line["stop_signal"] = dist::stop_signal();
+    line["run_stop_signal"] = dist::run_stop_signal();
     line["stop_signal_on_main_thread"] = dist::stop_signal_ran_on_main_thread();
   }
   std::printf("%s\n", line.dump().c_str());

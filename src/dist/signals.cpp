@@ -15,7 +15,8 @@ namespace {
 // Lock-free atomics are async-signal-safe; std::atomic<int> is lock-free on every platform we build for.
 std::atomic<int> g_stop_signal{0};
 std::atomic<bool> g_stop{false};
-std::atomic<int> g_stop_signal_thread{0};  // the kernel's id of the thread that ran the handler
+std::atomic<int> g_stop_signal_thread{0};    // the kernel's id of the thread that ran the handler
+std::atomic<int> g_signal_of_other_rank{0};  // the signal that stopped another rank, learned in any_rank_stopping
 static_assert(std::atomic<int>::is_always_lock_free && std::atomic<bool>::is_always_lock_free);
 
 std::atomic<int64_t> g_stop_signal_ns{0};  // CLOCK_MONOTONIC time of the first signal
@@ -86,13 +87,20 @@ void request_stop() { g_stop.store(true); }
 void clear_stop_request() {
   g_stop.store(false);
   g_stop_signal.store(0);
+  g_signal_of_other_rank.store(0);
 }
 
 bool any_rank_stopping(Communicator& comm) {
-  auto flags = comm.all_gather({stop_requested() ? 1 : 0});
-  for (auto f : flags)
-    if (f) return true;
-  return false;
+  // Each rank's signal (-1: a stop without one), so that every rank can exit as the signalled one does.
+  const std::vector<int64_t> requests = comm.all_gather({stop_requested() ? (stop_signal() ? stop_signal() : -1) : 0});
+  bool stopping = false;
+  for (int64_t request : requests) {
+    if (request > 0 && g_signal_of_other_rank.load() == 0) g_signal_of_other_rank.store(static_cast<int>(request));
+    stopping = stopping || request != 0;
+  }
+  return stopping;
 }
+
+int run_stop_signal() { return stop_signal() ? stop_signal() : g_signal_of_other_rank.load(); }
 
 }  // namespace sd::dist

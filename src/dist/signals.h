@@ -36,5 +36,8 @@ void clear_stop_request();
 // True on every rank if any rank requested a stop. A collective: every rank must call it at the same point
 // (e.g. once per optimizer step), so all stop after the same step.
 bool any_rank_stopping(Communicator& comm);
+// The signal that stops this run: this rank's, else the first signalled rank's (learned by any_rank_stopping), else
+// 0. A rank exits with 128 + it, so a run whose one rank got SIGINT exits 130 on every rank.
+int run_stop_signal();
 
 }  // namespace sd::dist

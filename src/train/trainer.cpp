@@ -79,8 +79,8 @@ int64_t accumulation_for(const TrainerOptions& o, int world) {
   return *o.global_batch_size / per_step;
 }
 
-// 128 + the signal that stopped the run (SIGTERM when another rank was signalled), so a restart policy relaunches.
-int stop_exit_code() { return 128 + (dist::stop_signal() ? dist::stop_signal() : SIGTERM); }
+// 128 + the signal that stopped the run (on every rank, whichever was signalled), so a restart policy relaunches.
+int stop_exit_code() { return 128 + (dist::run_stop_signal() ? dist::run_stop_signal() : SIGTERM); }
 
 }  // namespace
 

@@ -401,12 +401,12 @@ TEST(DistProcesses, LaunchStoreListensOnLoopbackOnly) {
   EXPECT_EQ(launch.exit_code(), 0) << launch.output();
 }
 
-TEST(DistProcesses, SigtermOnOneRankStopsAllAtTheSameStep) {
+TEST(DistProcesses, ASignalToOneRankStopsAllAtTheSameStep) {
   auto procs = start_torchrun_style(2, {"--dist_timeout", "30", "--wait_for_stop", "--threads", "1"});
   for (int r = 0; r < 2; ++r)
     ASSERT_TRUE(procs[r]->wait_for_output("waiting for a stop signal", seconds(60))) << procs[r]->output();
   std::this_thread::sleep_for(milliseconds(300));  // let a few steps pass
-  procs[1]->signal(SIGTERM);
+  procs[1]->signal(SIGINT);
   std::vector<json> lines;
   for (auto& p : procs) {
     ASSERT_TRUE(p->wait(seconds(30))) << p->output();
@@ -420,7 +420,10 @@ TEST(DistProcesses, SigtermOnOneRankStopsAllAtTheSameStep) {
   EXPECT_EQ(lines[0].at("steps"), lines[1].at("steps"));
   EXPECT_GT(lines[0].at("steps").get<int>(), 0);
   EXPECT_EQ(lines[0].at("stop_signal"), 0);
-  EXPECT_EQ(lines[1].at("stop_signal"), SIGTERM);
+  EXPECT_EQ(lines[1].at("stop_signal"), SIGINT);
+  // Both exit as the signalled rank does (train: 128 + SIGINT on every rank).
+  EXPECT_EQ(lines[0].at("run_stop_signal"), SIGINT);
+  EXPECT_EQ(lines[1].at("run_stop_signal"), SIGINT);
   // Taken by the watcher thread, never by the thread that computes (signals.h).
   EXPECT_FALSE(lines[1].at("stop_signal_on_main_thread").get<bool>());
 }
