@@ -41,8 +41,9 @@ void LocalCommunicator::broadcast(at::Tensor& tensor, int root) {
 }
 
 std::chrono::milliseconds timeout_from_seconds(double seconds, const std::string& flag) {
-  SD_CHECK(std::isfinite(seconds) && seconds > 0 && seconds < 1e7, "{} must be a positive number of seconds, got {}",
-           flag, seconds);
+  // Up to ~115 days: far beyond any wait worth making, well inside what the millisecond clocks below can hold.
+  SD_CHECK(std::isfinite(seconds) && seconds > 0 && seconds < 1e7,
+           "{} must be a number of seconds above 0 and below 10000000, got {}", flag, seconds);
   return std::chrono::milliseconds(static_cast<int64_t>(std::llround(seconds * 1000)));
 }
 

@@ -575,6 +575,7 @@ class ProcessGroupCommunicator : public Communicator {
     o.numWorkers = env_.world_size;
     o.waitWorkers = false;  // joining is done below, so a missing rank can be named
     o.timeout = opts_.timeout;
+    const auto started = Clock::now();
     try {
       QuietC10Logs quiet;
       auto narrowing = env_.rank == 0 ? narrow_store_listening() : nullptr;
@@ -584,26 +585,33 @@ class ProcessGroupCommunicator : public Communicator {
                   env_.master_addr);
       arm_store_deadline(*store_, arm_key(env_.rank, "main"), opts_.timeout);
     } catch (const std::exception& e) {
-      std::string cause = first_line(e);
-      if (env_.rank == 0)
-        fail(
-            "rank 0 could not host the rendezvous store on {}:{}: {} (another job on MASTER_PORT? set MASTER_PORT "
-            "to a free port)",
-            env_.master_addr, env_.master_port, cause);
-      // LibTorch's own message for a name that does not resolve is a socket timeout, however fast it failed.
-      if (const auto unresolved = resolution_failure(env_.master_addr))
-        fail("rank {} could not reach the master: MASTER_ADDR={} does not resolve on this machine ({})", env_.rank,
-             env_.master_addr, *unresolved);
-      if (accepts_connections(env_.master_addr, env_.master_port))
-        fail(
-            "rank {}: the program listening on {}:{} is not sdtrain's rendezvous store (it did not answer as one "
-            "within {}): another program holds MASTER_PORT on the master; choose a free port for every rank",
-            env_.rank, env_.master_addr, env_.master_port, seconds_text(opts_.timeout));
-      fail(
-          "rank {} could not reach the master at {}:{} within {}: check MASTER_ADDR/MASTER_PORT, that rank 0 is "
-          "running and that this machine can reach it ({})",
-          env_.rank, env_.master_addr, env_.master_port, seconds_text(opts_.timeout), cause);
+      explain_store_failure(first_line(e), Clock::now() - started >= opts_.timeout / 2);
     }
+  }
+
+  // Why the store could not be hosted or reached, in the user's terms rather than LibTorch's.
+  [[noreturn]] void explain_store_failure(const std::string& cause, bool waited_out) {
+    // LibTorch's own message for a name that does not resolve is a socket timeout, however fast it failed.
+    if (const auto unresolved = resolution_failure(env_.master_addr))
+      fail("rank {} could not {}: MASTER_ADDR={} does not resolve on this machine ({})", env_.rank,
+           env_.rank == 0 ? "host the rendezvous store" : "reach the master", env_.master_addr, *unresolved);
+    if (env_.rank == 0)
+      fail(
+          "rank 0 could not host the rendezvous store on {}:{}: {} (another job on MASTER_PORT? set MASTER_PORT "
+          "to a free port)",
+          env_.master_addr, env_.master_port, cause);
+    if (accepts_connections(env_.master_addr, env_.master_port))
+      fail(
+          "rank {}: the program listening on {}:{} is not sdtrain's rendezvous store ({}): another program holds "
+          "MASTER_PORT on the master; choose a free port for every rank",
+          env_.rank, env_.master_addr, env_.master_port,
+          waited_out ? "it did not answer as one within " + seconds_text(opts_.timeout)
+                     : "it answered as something else: " + cause);
+    fail(
+        "rank {} could not reach the master at {}:{}{}: check MASTER_ADDR/MASTER_PORT, that rank 0 is running and "
+        "that this machine can reach it ({})",
+        env_.rank, env_.master_addr, env_.master_port,
+        waited_out ? " within " + seconds_text(opts_.timeout) : std::string(), cause);
   }
 
   // From here on the store is read only to diagnose and to say goodbye: a master that does not answer within the

@@ -203,6 +203,13 @@ TEST(GlooCommunicator, AMasterNameThatDoesNotResolveIsNamed) {
               std::string::npos)
         << msg;
   }
+  // Rank 0 too (a Slurm node list whose first name does not resolve was blamed on another job's port).
+  env.rank = 0;
+  const std::string rank0 = sd::test::error_of([&] { make_communicator(env, opts); });
+  EXPECT_NE(rank0.find("rank 0 could not host the rendezvous store: MASTER_ADDR=nonexistent.invalid does not "
+                       "resolve on this machine ("),
+            std::string::npos)
+      << rank0;
 }
 
 // Another program on MASTER_PORT: a socket that accepts connections (the kernel's backlog) and never answers.
