@@ -108,6 +108,7 @@ int run_launch(const LaunchOptions& o) {
 
   using Clock = std::chrono::steady_clock;
   std::optional<int> failure_code;
+  std::optional<int> forwarded;  // the stop signal passed on to the ranks
   bool kill_pending = false;
   Clock::time_point kill_at{};
   auto signal_all = [&](int sig) {
@@ -117,7 +118,10 @@ int run_launch(const LaunchOptions& o) {
     timespec wait_for{0, 200 * 1000 * 1000};
     siginfo_t info;
     int sig = sigtimedwait(&handled, &info, &wait_for);
-    if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) signal_all(sig == SIGHUP ? SIGTERM : sig);
+    if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
+      forwarded = sig == SIGHUP ? SIGTERM : sig;
+      signal_all(*forwarded);
+    }
     // Reap everything that ended (SIGCHLD may coalesce, so also on every wakeup).
     int status = 0;
     pid_t pid;
@@ -128,6 +132,8 @@ int run_launch(const LaunchOptions& o) {
       live.erase(it);
       if (exit_code(status) != 0 && !failure_code) {
         failure_code = exit_code(status);
+        // A rank that stopped on the signal passed on to it did what it was asked; the others are stopping too.
+        if (forwarded && exit_code(status) == 128 + *forwarded) continue;
         std::fprintf(stderr, "sdtrain launch: local rank %d (pid %d) %s; stopping the other %zu rank(s)\n", rank,
                      static_cast<int>(pid), describe_status(status).c_str(), live.size());
         std::fflush(stderr);

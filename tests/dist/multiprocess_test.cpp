@@ -447,6 +447,25 @@ TEST(DistProcesses, LaunchForwardsSigterm) {
   EXPECT_EQ(lines[0].at("steps"), lines[1].at("steps"));
 }
 
+// SIGTERM to the launcher: the ranks checkpoint and exit 143, which launch passes on without reporting a failed rank.
+TEST(DistProcesses, LaunchPassesOnAStopWithoutCallingItAFailure) {
+  sd::test::TempDir dir;
+  Process launch(
+      {sd::test::sdtrain_binary(), "launch", "--nproc_per_node", "2", "--", "train",
+       "--pretrained_model_name_or_path=" + (sd::test::fixtures() / "tiny-sd1").string(), "--synthetic_data=latents",
+       "--resolution=32", "--max_train_steps=100000", "--threads=1", "--output_dir=" + dir.path().string()},
+      clean_env());
+  ASSERT_TRUE(launch.wait_for_output("global batch", seconds(120))) << launch.output();
+  launch.signal(SIGTERM);
+  ASSERT_TRUE(launch.wait(seconds(60))) << launch.output();
+  EXPECT_EQ(launch.exit_code(), 128 + SIGTERM) << launch.output();
+  EXPECT_EQ(launch.output().find("stopping the other"), std::string::npos) << launch.output();
+  bool checkpointed = false;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path()))
+    checkpointed = checkpointed || e.path().filename().string().rfind("checkpoint-", 0) == 0;
+  EXPECT_TRUE(checkpointed) << launch.output();
+}
+
 TEST(DistProcesses, LaunchStopsTheRestWhenOneRankDies) {
   const double timeout = 30;
   auto r = sd::test::run_process({sd::test::sdtrain_binary(), "launch", "--nproc_per_node", "3", "--", "dist-check",
@@ -482,7 +501,9 @@ TEST(DistProcesses, LaunchRejectsBadUse) {
       {sd::test::sdtrain_binary(), "launch", "--nproc_per_node", "2", "--", "dist-check", "--dist_timeout", "-1"},
       seconds(30), clean_env());
   EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_NE(r.output.find("--dist_timeout must be a positive number"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--dist_timeout must be a number of seconds above 0 and below 10000000, got -1"),
+            std::string::npos)
+      << r.output;
   EXPECT_NE(r.output.find("sdtrain launch: local rank "), std::string::npos) << r.output;
 }
 
