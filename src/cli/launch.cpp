@@ -6,6 +6,9 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <fmt/ranges.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -28,6 +31,7 @@ struct LaunchOptions {
   int master_port = 0;
   double grace_period = 10;
   std::vector<std::string> command;
+  std::vector<std::string> known_commands;  // sdtrain's subcommands: a typo fails once, before any rank starts
 };
 
 std::string describe_status(int status) {
@@ -50,6 +54,8 @@ int run_launch(const LaunchOptions& o) {
   SD_CHECK(o.grace_period >= 0, "--grace_period must be >= 0 seconds, got {}", o.grace_period);
   SD_CHECK(!o.command.empty(), "launch: no subcommand given: sdtrain launch --nproc_per_node 2 -- <subcommand ...>");
   SD_CHECK(o.command.front() != "launch", "launch: the launched subcommand cannot be launch itself");
+  SD_CHECK(std::find(o.known_commands.begin(), o.known_commands.end(), o.command.front()) != o.known_commands.end(),
+           "launch: unknown command '{}' (expected one of: {})", o.command.front(), fmt::join(o.known_commands, ", "));
   const int port = o.master_port ? o.master_port : dist::find_free_port();
   const std::string exe = std::filesystem::read_symlink("/proc/self/exe").string();
 
@@ -170,7 +176,10 @@ void add_launch(CLI::App& app, std::function<int()>& chosen) {
                   "Seconds between SIGTERM and SIGKILL for the other ranks when one fails")
       ->capture_default_str();
   cmd->add_option("command", o->command, "The subcommand and its flags, after --")->required();
-  cmd->callback([o, &chosen] { chosen = [o] { return run_launch(*o); }; });
+  cmd->callback([o, &chosen, &app] {
+    for (const CLI::App* sub : app.get_subcommands({})) o->known_commands.push_back(sub->get_name());
+    chosen = [o] { return run_launch(*o); };
+  });
 }
 
 }  // namespace sd::cli

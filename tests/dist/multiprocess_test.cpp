@@ -496,6 +496,10 @@ TEST(DistProcesses, LaunchRejectsBadUse) {
                                  seconds(30), clean_env());
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("--nproc_per_node must be in 1..1024"), std::string::npos) << r.output;
+  // A typo in the subcommand: one line from the launcher, no rank started.
+  EXPECT_TRUE(sd::test::is_one_line_error(
+      sd::test::run_command(sd::test::sdtrain_binary() + " launch --nproc_per_node 2 -- trian"),
+      "launch: unknown command 'trian' (expected one of: init, "));
   // A subcommand that fails in every rank: the launcher names the first and exits with its code.
   r = sd::test::run_process(
       {sd::test::sdtrain_binary(), "launch", "--nproc_per_node", "2", "--", "dist-check", "--dist_timeout", "-1"},
