@@ -156,8 +156,10 @@ void ImageFolderDataset::list_kohya(const ImageFolderOptions& o, const std::vect
   std::map<std::string, int64_t> repeated;  // folder -> images in it
   for (const auto& f : files) {
     if (!is_image_path(f)) continue;
-    const std::string top = f.lexically_relative(o.data_dir).begin()->string();
-    const std::optional<KohyaFolder> folder = f.parent_path() == o.data_dir ? std::nullopt : kohya_folder(top);
+    const fs::path relative = f.lexically_relative(o.data_dir);
+    const std::string top = relative.begin()->string();
+    const bool in_a_folder = std::next(relative.begin()) != relative.end();
+    const std::optional<KohyaFolder> folder = in_a_folder ? kohya_folder(top) : std::nullopt;
     if (folder) ++repeated[top];
     if (folder && folder->repeats == 0) continue;  // kohya skips such a folder
     int64_t no_caption_file = 0;

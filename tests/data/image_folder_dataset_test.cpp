@@ -48,12 +48,15 @@ TEST(ImageFolderDataset, KohyaRepeatFoldersRepeatAndCaptionTheirImages) {
   write_captioned_png(data / "0_reg" / "c.png", "skipped");
   write_captioned_png(data / "misc" / "d.png", "once");
   write_captioned_png(data / "2_x" / "deep" / "e.png", "twice");
-  const ImageFolderDataset dataset({data, "image", "text", {}});
+  write_captioned_png(data / "5_not_a_folder.png", "an image at the top, once");
+  // Spelled with a trailing slash, as shell completion writes it.
+  const ImageFolderDataset dataset({data.string() + "/", "image", "text", {}});
   EXPECT_EQ(dataset.layout(), "kohya");
   EXPECT_EQ(captions_by_image(dataset),
             (std::vector<std::string>{"e.png: twice", "e.png: twice", "a.png: a photo of sks dog",
                                       "a.png: a photo of sks dog", "a.png: a photo of sks dog", "b.png: sks dog",
-                                      "b.png: sks dog", "b.png: sks dog", "d.png: once"}));
+                                      "b.png: sks dog", "b.png: sks dog",
+                                      "5_not_a_folder.png: an image at the top, once", "d.png: once"}));
 }
 
 // Hugging Face imagefolder's other metadata format: a header row, then file_name and caption per row.
