@@ -19,17 +19,17 @@ void mix(uint64_t& hash, const std::string& text) {
 }  // namespace
 
 std::string listing_fingerprint(const std::vector<std::filesystem::path>& files) {
-  uint64_t hash = 0xcbf29ce484222325ull;  // FNV-1a's 64-bit offset basis
+  std::vector<std::string> items;
   for (const auto& file : files) {
     std::error_code error;
     const uintmax_t size = std::filesystem::file_size(file, error);
-    mix(hash, fmt::format("{}\n{}\n", file.filename().string(), error ? 0 : size));
+    items.push_back(fmt::format("{}\n{}", file.filename().string(), error ? 0 : size));
   }
-  return fmt::format("{:016x}", hash);
+  return text_fingerprint(items);
 }
 
 std::string text_fingerprint(const std::vector<std::string>& items) {
-  uint64_t hash = 0xcbf29ce484222325ull;
+  uint64_t hash = 0xcbf29ce484222325ull;  // FNV-1a's 64-bit offset basis
   for (const std::string& item : items) {
     mix(hash, item);
     mix(hash, "\n");
