@@ -1,7 +1,10 @@
 // Attention at Stable Diffusion's shapes: the plain path (baddbmm, softmax, bmm, as diffusers' AttnProcessor) against
-// models/tiled_attention.h and, for heads of up to 16 channels, models/small_head_attention.h, for wider float32
-// heads models/wide_head_attention.h; forward alone and forward + backward, with what each keeps for backward. One
-// JSON line per case and path.
+// models/tiled_attention.h and, for heads of up to 16 channels, models/small_head_attention.h, for wider heads
+// models/wide_head_attention.h; forward alone and forward + backward, with what each keeps for backward. One JSON
+// line per case and path. The wide-head paths take the slices as the heads of one batch entry, in the model's
+// [B, L, heads*d] layout (the products then read every head's rows at the stride of all heads, as in the model), and
+// pay for the copies into it; the plain path gets them as [slices, L, d] already, without the copies into and out
+// of that layout the model pays for it.
 //   bench_attention [--threads N] [--dtype float32|bf16] [--cases SUBSTRING] [--path PREFIX] [--repeats N]
 // Paths: plain, tiled, small_head_256, wide_head_256 and wide_recompute_256 (AVX2) and, on a CPU with AVX-512F, the
 // same at 512; --path takes those that start with PREFIX (small_head, wide_head or wide_recompute: both widths).
@@ -95,13 +98,18 @@ int main(int argc, char** argv) {
       add_at_each_width("small_head", [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double s) {
         return sd::models::small_head_attention(q, k, v, 1, s, false);
       });
-    if (sd::models::wide_head_attention_fits(q, k, v, 1)) {
-      add_at_each_width("wide_head", [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double s) {
-        return sd::models::wide_head_attention(q, k, v, 1, s);
-      });
-      add_at_each_width("wide_recompute", [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double s) {
-        return sd::models::wide_head_attention(q, k, v, 1, s, /*keep_probabilities=*/false);
-      });
+    // [slices, L, d] -> [1, L, slices*d]: the slices as heads, in the model's layout.
+    const auto as_heads = [](const at::Tensor& x) { return x.transpose(0, 1).reshape({1, x.size(1), -1}); };
+    const int64_t heads = c.slices;
+    if (sd::models::wide_head_attention_fits(as_heads(q), as_heads(k), as_heads(v), heads)) {
+      for (const bool keep : {true, false})
+        add_at_each_width(
+            keep ? "wide_head" : "wide_recompute",
+            [&as_heads, heads, keep](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double s) {
+              const at::Tensor out = sd::models::wide_head_attention(as_heads(q), as_heads(k), as_heads(v), heads, s,
+                                                                     /*upcast_attention=*/false, keep);
+              return out.view({q.size(1), heads, q.size(2)}).transpose(0, 1);  // [slices, L, d], a view
+            });
     }
     for (const auto& [path, fn] : paths) {
       if (path.rfind(only_path, 0) != 0) continue;

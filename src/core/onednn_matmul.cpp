@@ -6,9 +6,11 @@
 #include <array>
 #include <map>
 #include <optional>
+#include <tuple>
 #include <unordered_map>
 
 #include "core/cpu_features.h"
+#include "core/error.h"
 
 namespace sd {
 
@@ -31,9 +33,19 @@ const dnnl::engine& cpu_engine() {
   return engine;
 }
 
-// A primitive per shape, layout and bias, for the calling thread (as is its stream): {M, N, K, a's strides,
-// b's strides, bias}. A model runs a few dozen distinct shapes, so the map stays small.
-using MatmulKey = std::array<int64_t, 8>;
+// A primitive per product for the calling thread (as is its stream): the shape, both operands' strides, the output's
+// row stride and type, the bias, the scale and whether the product adds to the output. A model runs a few dozen
+// distinct products, so the map stays small.
+struct MatmulKey {
+  int64_t m, n, k, a0, a1, b0, b1, ldc;
+  bool bias, float_output, accumulate;
+  float alpha;
+
+  bool operator<(const MatmulKey& o) const {
+    return std::tie(m, n, k, a0, a1, b0, b1, ldc, bias, float_output, accumulate, alpha) <
+           std::tie(o.m, o.n, o.k, o.a0, o.a1, o.b0, o.b1, o.ldc, o.bias, o.float_output, o.accumulate, o.alpha);
+  }
+};
 
 struct Matmul {
   memory::desc a, b, bias, c;
@@ -44,18 +56,45 @@ const Matmul& matmul_for(const MatmulKey& key) {
   thread_local std::map<MatmulKey, Matmul> matmuls;
   auto it = matmuls.find(key);
   if (it != matmuls.end()) return it->second;
-  const auto [m, n, k, a0, a1, b0, b1, has_bias] = key;
   const auto bf16 = memory::data_type::bf16;
-  Matmul mm{memory::desc({m, k}, bf16, {a0, a1}),
-            memory::desc({k, n}, bf16, {b0, b1}),
-            has_bias ? memory::desc({1, n}, bf16, {n, 1}) : memory::desc(),
-            memory::desc({m, n}, bf16, {n, 1}),
+  Matmul mm{memory::desc({key.m, key.k}, bf16, {key.a0, key.a1}),
+            memory::desc({key.k, key.n}, bf16, {key.b0, key.b1}),
+            key.bias ? memory::desc({1, key.n}, bf16, {key.n, 1}) : memory::desc(),
+            memory::desc({key.m, key.n}, key.float_output ? memory::data_type::f32 : bf16, {key.ldc, 1}),
             {}};
-  mm.primitive = dnnl::matmul({dnnl::matmul::desc(mm.a, mm.b, mm.bias, mm.c), cpu_engine()});
+  dnnl::primitive_attr attr;
+  if (key.alpha != 1.f) attr.set_output_scales(0, {key.alpha});  // unset, the product is at::mm's to the bit
+  if (key.accumulate) {
+    dnnl::post_ops sum;
+    sum.append_sum(1.f);
+    attr.set_post_ops(sum);
+  }
+  mm.primitive = dnnl::matmul({dnnl::matmul::desc(mm.a, mm.b, mm.bias, mm.c), attr, cpu_engine()});
   return matmuls.emplace(key, std::move(mm)).first->second;
 }
 
-memory wrap(const at::Tensor& t, const memory::desc& md) { return memory(md, cpu_engine(), t.data_ptr()); }
+void run(const Matmul& mm, const void* a, const void* b, const void* bias, void* c) {
+  const auto wrap = [](const memory::desc& md, const void* data) {
+    return memory(md, cpu_engine(), const_cast<void*>(data));  // oneDNN's memory takes a mutable pointer
+  };
+  std::unordered_map<int, memory> args{
+      {DNNL_ARG_SRC, wrap(mm.a, a)}, {DNNL_ARG_WEIGHTS, wrap(mm.b, b)}, {DNNL_ARG_DST, wrap(mm.c, c)}};
+  if (bias) args.emplace(DNNL_ARG_BIAS, wrap(mm.bias, bias));
+  thread_local dnnl::stream stream(cpu_engine());
+  mm.primitive.execute(stream, args);
+}
+
+// The {row, column} strides of op(X) for a row-major X with leading dimension ld.
+std::array<int64_t, 2> op_strides(char trans, int64_t ld) {
+  return trans == 'N' ? std::array<int64_t, 2>{ld, 1} : std::array<int64_t, 2>{1, ld};
+}
+
+void gemm_bf16_into(char trans_a, char trans_b, int64_t m, int64_t n, int64_t k, float alpha, const c10::BFloat16* a,
+                    int64_t lda, const c10::BFloat16* b, int64_t ldb, bool accumulate, void* c, int64_t ldc,
+                    bool float_output) {
+  const auto as = op_strides(trans_a, lda), bs = op_strides(trans_b, ldb);
+  run(matmul_for({m, n, k, as[0], as[1], bs[0], bs[1], ldc, false, float_output, accumulate, alpha}), a, b, nullptr, c);
+}
 
 }  // namespace
 
@@ -75,19 +114,25 @@ at::Tensor onednn_matmul(const at::Tensor& a, const at::Tensor& b, const at::Ten
   const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
   const auto as = *matrix_strides(a), bs = *matrix_strides(b);
   const at::Tensor bias_bf16 = bias.defined() ? bias.to(at::kBFloat16).contiguous() : at::Tensor();
-  const Matmul& mm = matmul_for({m, n, k, as[0], as[1], bs[0], bs[1], bias.defined()});
-
   at::Tensor c = at::empty({m, n}, a.options());
-  std::unordered_map<int, memory> args{
-      {DNNL_ARG_SRC, wrap(a, mm.a)}, {DNNL_ARG_WEIGHTS, wrap(b, mm.b)}, {DNNL_ARG_DST, wrap(c, mm.c)}};
-  if (bias.defined()) args.emplace(DNNL_ARG_BIAS, wrap(bias_bf16, mm.bias));
-  thread_local dnnl::stream stream(cpu_engine());
-  mm.primitive.execute(stream, args);
+  run(matmul_for({m, n, k, as[0], as[1], bs[0], bs[1], n, bias.defined(), false, false, 1.f}), a.data_ptr(),
+      b.data_ptr(), bias.defined() ? bias_bf16.data_ptr() : nullptr, c.data_ptr());
   return c;
 }
 
 at::Tensor mm(const at::Tensor& a, const at::Tensor& b) {
   return onednn_matmul_fits(a, b) ? onednn_matmul(a, b) : at::mm(a, b);
+}
+
+void gemm_bf16(char trans_a, char trans_b, int64_t m, int64_t n, int64_t k, float alpha, const c10::BFloat16* a,
+               int64_t lda, const c10::BFloat16* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  SD_CHECK(beta == 0.f || beta == 1.f, "gemm_bf16: beta must be 0 or 1, got {}", beta);
+  gemm_bf16_into(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta == 1.f, c, ldc, true);
+}
+
+void gemm_bf16(char trans_a, char trans_b, int64_t m, int64_t n, int64_t k, float alpha, const c10::BFloat16* a,
+               int64_t lda, const c10::BFloat16* b, int64_t ldb, c10::BFloat16* c, int64_t ldc) {
+  gemm_bf16_into(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, false, c, ldc, false);
 }
 
 }  // namespace sd

@@ -21,4 +21,13 @@ at::Tensor onednn_matmul(const at::Tensor& a, const at::Tensor& b, const at::Ten
 // a·b through onednn_matmul where the operands fit, else at::mm: the same product either way.
 at::Tensor mm(const at::Tensor& a, const at::Tensor& b);
 
+// Row-major C = alpha · op(A) op(B) + beta · C on bf16 A and B, with dnnl_sgemm's arguments (op 'N' or 'T', leading
+// dimensions): into float32 C, beta 0 or 1, or into bf16 C, beta 0 (summed in float32, rounded once). A kept
+// primitive per shape for the calling thread, as onednn_matmul; inside a parallel region it runs on the calling
+// thread alone. The attention kernels' products (models/wide_head_attention.cpp).
+void gemm_bf16(char trans_a, char trans_b, int64_t m, int64_t n, int64_t k, float alpha, const c10::BFloat16* a,
+               int64_t lda, const c10::BFloat16* b, int64_t ldb, float beta, float* c, int64_t ldc);
+void gemm_bf16(char trans_a, char trans_b, int64_t m, int64_t n, int64_t k, float alpha, const c10::BFloat16* a,
+               int64_t lda, const c10::BFloat16* b, int64_t ldb, c10::BFloat16* c, int64_t ldc);
+
 }  // namespace sd

@@ -1,5 +1,6 @@
-// Vector operations on float32 for sdtrain's own kernels (the attention kernels), once per instruction set: AVX2's
-// eight lanes in sd::simd::avx2 and AVX-512's sixteen in sd::simd::avx512. A kernel written once against these names
+// Vector operations on float32 (loading and storing bf16 too) for sdtrain's own kernels (the attention kernels), once
+// per instruction set: AVX2's eight lanes in sd::simd::avx2 and AVX-512's sixteen in sd::simd::avx512. A kernel written
+// once against these names
 // (`Vec`, `kLanes`, load, store, exp, ...) is compiled for each set by core/simd_each_width.inl, which includes it
 // between SD_BEGIN_AVX2 (or SD_BEGIN_AVX512) and SD_END_TARGET in a namespace that uses this width's operations; the
 // CPU decides at run time which runs (sd::kernel_vector_bits in core/cpu_features.h).
@@ -8,6 +9,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #define SD_INLINE __attribute__((always_inline)) inline
 
@@ -105,6 +107,28 @@ SD_INLINE Vec load_first(const float* p, int64_t count, float fill) {
 }
 SD_INLINE void store_first(float* p, Vec x, int64_t count) { _mm256_maskstore_ps(p, first_lanes(count), x); }
 
+// bf16 values, as their bits: loaded widened to float32; stored rounded to the nearest (ties to even, as
+// c10::BFloat16 rounds everything but NaN payloads); the _first forms as for float32.
+SD_INLINE Vec load(const uint16_t* p) {
+  const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+}
+SD_INLINE void store(uint16_t* p, Vec x) {
+  const __m256i high = _mm256_srli_epi32(_mm256_castps_si256(round_to_bf16(x)), 16);
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(high, high), 0b1000);  // packs per 128 bits
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+}
+SD_INLINE Vec load_first(const uint16_t* p, int64_t count, float fill) {
+  uint16_t lanes[kLanes] = {};
+  std::memcpy(lanes, p, count * sizeof(uint16_t));
+  return _mm256_blendv_ps(splat(fill), load(lanes), _mm256_castsi256_ps(first_lanes(count)));
+}
+SD_INLINE void store_first(uint16_t* p, Vec x, int64_t count) {
+  uint16_t lanes[kLanes];
+  store(lanes, x);
+  std::memcpy(p, lanes, count * sizeof(uint16_t));
+}
+
 SD_END_TARGET
 }  // namespace avx2
 
@@ -167,6 +191,25 @@ SD_INLINE Vec load_first(const float* p, int64_t count, float fill) {
   return _mm512_mask_loadu_ps(splat(fill), first_lanes(count), p);
 }
 SD_INLINE void store_first(float* p, Vec x, int64_t count) { _mm512_mask_storeu_ps(p, first_lanes(count), x); }
+
+SD_INLINE Vec load(const uint16_t* p) {
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+SD_INLINE void store(uint16_t* p, Vec x) {
+  const __m512i high = _mm512_srli_epi32(_mm512_castps_si512(round_to_bf16(x)), 16);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(high));
+}
+SD_INLINE Vec load_first(const uint16_t* p, int64_t count, float fill) {
+  uint16_t lanes[kLanes] = {};
+  std::memcpy(lanes, p, count * sizeof(uint16_t));
+  return _mm512_mask_blend_ps(first_lanes(count), splat(fill), load(lanes));
+}
+SD_INLINE void store_first(uint16_t* p, Vec x, int64_t count) {
+  uint16_t lanes[kLanes];
+  store(lanes, x);
+  std::memcpy(p, lanes, count * sizeof(uint16_t));
+}
 
 SD_END_TARGET
 }  // namespace avx512

@@ -1,8 +1,10 @@
 // How the attention kernels that walk over query rows (tiled_attention.cpp, wide_head_attention.cpp) split their
 // work: one work item per tile of query rows [row, row + rows) of one batch x head slice, spread over LibTorch's
-// threads, each tile small enough that its float32 scores stay in a core's L2 cache.
+// threads, each tile small enough that its float32 scores stay in a core's L2 cache. And how the fused kernels
+// (small_head_attention.cpp, wide_head_attention.cpp) pick their element type.
 #pragma once
 #include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -35,6 +37,13 @@ void for_each_tile(int64_t slices, int64_t lq, int64_t tile_rows, const Fn& fn) 
       fn(Tile{bh, row, std::min(tile_rows, lq - row)}, at::get_thread_num());
     }
   });
+}
+
+// Calls fn(T()) with T the C++ type of `dtype`, float32 or bf16.
+template <typename Fn>
+void with_element_type(at::ScalarType dtype, const Fn& fn) {
+  if (dtype == at::kBFloat16) return fn(c10::BFloat16());
+  fn(0.f);
 }
 
 }  // namespace sd::models

@@ -172,7 +172,7 @@ at::Tensor AttentionImpl::attend(const at::Tensor& q, const at::Tensor& k, const
   // Training under --enable_xformers_memory_efficient_attention keeps no probabilities, nor does any training whose
   // probabilities would be large: backward recomputes them.
   if (wide_head_attention_fits(q, k, v, heads))
-    return wide_head_attention(q, k, v, heads, scale_,
+    return wide_head_attention(q, k, v, heads, scale_, options_.upcast_attention,
                                !memory_efficient_ && wide_head_attention_worth_keeping_probabilities(q, k, heads));
   const at::Tensor qh = head_to_batch_dim(q, heads), kh = head_to_batch_dim(k, heads), vh = head_to_batch_dim(v, heads);
   const at::Tensor out = memory_efficient_

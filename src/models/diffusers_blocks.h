@@ -121,7 +121,8 @@ class AttentionImpl : public torch::nn::Module {
 
  private:
   // The heads' attention: the fused kernels for heads of a few channels (models/small_head_attention.h) and for
-  // wider float32 heads (models/wide_head_attention.h), else the tiled or the plain path on [B*heads, L, d] slices.
+  // wider float32 or bf16 heads (models/wide_head_attention.h), else the tiled or the plain path on [B*heads, L, d]
+  // slices.
   at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) const;
 
   AttentionOptions options_;

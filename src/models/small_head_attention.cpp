@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "core/simd.h"
+#include "models/attention_tiles.h"
 #include "perf/op_profiler.h"
 
 namespace sd::models {
@@ -154,13 +155,6 @@ void for_each_slice(const Problem& p, const Fn& fn) {
   sd::parallel_for(0, p.batch * p.heads, 1, [&](int64_t begin, int64_t end) {
     for (int64_t s = begin; s < end; ++s) fn(s / p.heads, s % p.heads);
   });
-}
-
-// Calls fn(T()) with T the C++ type of `dtype`, float32 or bf16.
-template <typename Fn>
-void with_element_type(at::ScalarType dtype, const Fn& fn) {
-  if (dtype == at::kBFloat16) return fn(c10::BFloat16());
-  fn(0.f);
 }
 
 template <typename T>

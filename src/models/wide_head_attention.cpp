@@ -4,10 +4,13 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "core/cpu_features.h"
 #include "core/error.h"
+#include "core/onednn_matmul.h"
 #include "core/simd.h"
 #include "models/attention_tiles.h"
 #include "perf/op_profiler.h"
@@ -19,12 +22,23 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// Row-major C = alpha · op(A) op(B) + beta · C, single-threaded inside the blocks' parallel loop.
+// Row-major C = alpha · op(A) op(B) + beta · C, single-threaded inside the blocks' parallel loop: oneDNN's sgemm for
+// float32; for bf16 operands oneDNN's bf16 products (core/onednn_matmul.h), summed in float32 and written as float32
+// or, rounded once, as bf16.
 void gemm(char trans_a, char trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
           const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   const dnnl_status_t status = dnnl_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   // The shapes come from tensors checked in wide_head_attention: a failure here is a bug, not bad input.
   SD_CHECK(status == dnnl_success, "wide_head_attention: oneDNN sgemm failed with status {}", static_cast<int>(status));
+}
+void gemm(char trans_a, char trans_b, int64_t m, int64_t n, int64_t k, float alpha, const c10::BFloat16* a, int64_t lda,
+          const c10::BFloat16* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  sd::gemm_bf16(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+void gemm(char trans_a, char trans_b, int64_t m, int64_t n, int64_t k, float alpha, const c10::BFloat16* a, int64_t lda,
+          const c10::BFloat16* b, int64_t ldb, float beta, c10::BFloat16* c, int64_t ldc) {
+  SD_CHECK(beta == 0.f, "wide_head_attention: a bf16 product cannot add to its output");
+  sd::gemm_bf16(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, c, ldc);
 }
 
 // Query rows per block, for 256 KiB of scores: from 64 to 256 rows whatever the keys. bench_attention, SD-1.5 and
@@ -43,6 +57,7 @@ struct Problem {
   int64_t batch, heads, queries, keys, d;
   int64_t block_rows;  // query rows per block
   float scale;
+  bool round_scores;  // to bf16 before the softmax, as diffusers' bf16 baddbmm writes them (not under upcast_attention)
 
   int64_t row_stride() const { return heads * d; }
 };
@@ -66,7 +81,8 @@ struct Block {
     return rows_of(data, p, p.keys, 0);
   }
   // The block's probabilities in a [batch*heads, queries, keys] buffer.
-  float* probabilities_of(float* data, const Problem& p) const {
+  template <typename T>
+  T* probabilities_of(T* data, const Problem& p) const {
     return data + ((b * p.heads + h) * p.queries + row) * p.keys;
   }
   // The block's row statistics in a [batch*heads, queries, 2] buffer.
@@ -88,38 +104,92 @@ void for_each_block(const Problem& p, const Fn& fn) {
 #define SD_KERNELS "models/wide_head_softmax_rows.inl"
 #include "core/simd_each_width.inl"
 
-void softmax_rows(float* x, int64_t rows, int64_t n, RowStats* stats) {
-  (sd::kernel_vector_bits() == 512 ? avx512::softmax_rows : avx2::softmax_rows)(x, rows, n, stats);
+// The rows' element types: float32, or bf16 as its bits.
+float* row_values(float* x) { return x; }
+const float* row_values(const float* x) { return x; }
+uint16_t* row_values(c10::BFloat16* x) { return reinterpret_cast<uint16_t*>(x); }
+const uint16_t* row_values(const c10::BFloat16* x) { return reinterpret_cast<const uint16_t*>(x); }
+
+template <typename T>
+void softmax_rows(const Problem& p, float* scores, T* probs, int64_t rows, RowStats* stats) {
+  if (sd::kernel_vector_bits() == 512)
+    avx512::softmax_rows(scores, row_values(probs), rows, p.keys, p.round_scores, stats);
+  else
+    avx2::softmax_rows(scores, row_values(probs), rows, p.keys, p.round_scores, stats);
 }
 
-void probabilities_rows(float* x, const RowStats* stats, int64_t rows, int64_t n) {
-  (sd::kernel_vector_bits() == 512 ? avx512::probabilities_rows : avx2::probabilities_rows)(x, stats, rows, n);
+template <typename T>
+void probabilities_rows(const Problem& p, const float* scores, T* probs, const RowStats* stats, int64_t rows) {
+  if (sd::kernel_vector_bits() == 512)
+    avx512::probabilities_rows(scores, row_values(probs), stats, rows, p.keys, p.round_scores);
+  else
+    avx2::probabilities_rows(scores, row_values(probs), stats, rows, p.keys, p.round_scores);
 }
 
-void softmax_backward_rows(float* dp, const float* p, int64_t rows, int64_t n) {
-  (sd::kernel_vector_bits() == 512 ? avx512::softmax_backward_rows : avx2::softmax_backward_rows)(dp, p, rows, n);
+template <typename T>
+void softmax_backward_rows(const Problem& p, const float* d_probs, const T* probs, T* d_scores, int64_t rows) {
+  if (sd::kernel_vector_bits() == 512)
+    avx512::softmax_backward_rows(d_probs, row_values(probs), row_values(d_scores), rows, p.keys);
+  else
+    avx2::softmax_backward_rows(d_probs, row_values(probs), row_values(d_scores), rows, p.keys);
 }
+
+// One thread's block buffers: the float32 scores and probabilities' gradients, and the probabilities and scores'
+// gradients the products read next, in the element type. For float32 those are the float32 rows themselves (the
+// softmax and its backward work in place); bf16 has rows of its own.
+template <typename T>
+struct BlockBuffers {
+  float *scores, *d_probs;
+  T *probs, *d_scores;
+};
+
+// Every thread's BlockBuffers, as tensors allocated once per call.
+template <typename T>
+class Workspace {
+ public:
+  Workspace(const Problem& p, const at::TensorOptions& options)
+      : row_values_(p.block_rows * p.keys),
+        floats_(at::empty({at::get_num_threads(), 2, row_values_}, options.dtype(at::kFloat))),
+        narrow_(kInPlace ? at::Tensor() : at::empty({at::get_num_threads(), 2, row_values_}, options)) {}
+
+  BlockBuffers<T> of(int thread) const {
+    float* scores = floats_.data_ptr<float>() + 2 * thread * row_values_;
+    float* d_probs = scores + row_values_;
+    if constexpr (kInPlace) {
+      return {scores, d_probs, scores, d_probs};
+    } else {
+      T* probs = narrow_.data_ptr<T>() + 2 * thread * row_values_;
+      return {scores, d_probs, probs, probs + row_values_};
+    }
+  }
+
+ private:
+  static constexpr bool kInPlace = std::is_same_v<T, float>;
+  int64_t row_values_;  // block_rows x keys
+  at::Tensor floats_, narrow_;
+};
 
 // A block's scores q kᵀ · scale into `scores` [rows, keys].
-void block_scores(const Problem& p, const Block& blk, const float* q, const float* k, float* scores) {
+template <typename T>
+void block_scores(const Problem& p, const Block& blk, const T* q, const T* k, float* scores) {
   const int64_t ld = p.row_stride();
   gemm('N', 'T', blk.rows, p.keys, p.d, p.scale, blk.queries_of(q, p), ld, blk.keys_of(k, p), ld, 0.f, scores, p.keys);
 }
 
-// One block: its probabilities softmax(q kᵀ · scale) into `probs` [rows, keys] (the softmax in place over the
-// scores), their rows' statistics into `stats` (or not, if null), then its output rows, the probabilities times v,
-// into `out`.
-void forward_block(const Problem& p, const Block& blk, const float* q, const float* k, const float* v, float* probs,
-                   RowStats* stats, float* out) {
+// One block: its probabilities softmax(q kᵀ · scale) into `probs` [rows, keys] (the scores in `scores` on the way),
+// their rows' statistics into `stats` (or not, if null), then its output rows, the probabilities times v, into `out`.
+template <typename T>
+void forward_block(const Problem& p, const Block& blk, const T* q, const T* k, const T* v, float* scores, T* probs,
+                   RowStats* stats, T* out) {
   const int64_t ld = p.row_stride();
-  block_scores(p, blk, q, k, probs);
-  softmax_rows(probs, blk.rows, p.keys, stats);
+  block_scores(p, blk, q, k, scores);
+  softmax_rows(p, scores, probs, blk.rows, stats);
   gemm('N', 'N', blk.rows, p.d, p.keys, 1.f, probs, p.keys, blk.keys_of(v, p), ld, 0.f, blk.queries_of(out, p), ld);
 }
 
 // What forward keeps for backward besides q, k and v.
 enum class Kept {
-  kProbabilities,  // every block's probabilities [batch*heads, queries, keys]
+  kProbabilities,  // every block's probabilities [batch*heads, queries, keys], in the inputs' dtype
   kRowStats,       // each query row's RowStats: backward recomputes the probabilities
   kNothing,        // no backward will run
 };
@@ -127,27 +197,37 @@ enum class Kept {
 class WideHeadAttention : public torch::autograd::Function<WideHeadAttention> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q_in, const at::Tensor& k_in,
-                            const at::Tensor& v_in, int64_t heads, double scale, int64_t kept_code) {
+                            const at::Tensor& v_in, int64_t heads, double scale, bool round_scores, int64_t kept_code) {
     RECORD_USER_SCOPE_WITH_INPUTS("sdtrain::attention", std::vector<c10::IValue>({q_in, k_in, v_in}));
     const Kept kept = static_cast<Kept>(kept_code);
     const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
-    const Problem p = problem_of(q, k, heads, scale);
+    const Problem p = problem_of(q, k, heads, scale, round_scores);
     at::Tensor out = at::empty(q.sizes(), q.options());
-    // Kept probabilities are written in place; otherwise each thread reuses one block buffer.
-    at::Tensor probs = kept == Kept::kProbabilities ? at::empty({p.batch * heads, p.queries, p.keys}, q.options())
-                                                    : block_buffers(p, q.options());
-    at::Tensor stats = kept == Kept::kRowStats ? at::empty({p.batch * heads, p.queries, 2}, q.options()) : at::Tensor();
-    for_each_block(p, [&](const Block& blk, int thread) {
-      float* block_probs = kept == Kept::kProbabilities ? blk.probabilities_of(probs.data_ptr<float>(), p)
-                                                        : probs.data_ptr<float>() + thread * p.block_rows * p.keys;
-      RowStats* block_stats = stats.defined() ? blk.row_stats_of(stats.data_ptr<float>(), p) : nullptr;
-      forward_block(p, blk, q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), block_probs, block_stats,
-                    out.data_ptr<float>());
+    at::Tensor probs =
+        kept == Kept::kProbabilities ? at::empty({p.batch * heads, p.queries, p.keys}, q.options()) : at::Tensor();
+    at::Tensor stats = kept == Kept::kRowStats
+                           ? at::empty({p.batch * heads, p.queries, 2}, q.options().dtype(at::kFloat))
+                           : at::Tensor();
+    with_element_type(q.scalar_type(), [&](auto zero) {
+      using T = decltype(zero);
+      const Workspace<T> workspace(p, q.options());
+      for_each_block(p, [&](const Block& blk, int thread) {
+        BlockBuffers<T> buffers = workspace.of(thread);
+        // Kept probabilities are written in place (float32 scores too, the softmax working over them).
+        if (probs.defined()) {
+          buffers.probs = blk.probabilities_of(probs.data_ptr<T>(), p);
+          if constexpr (std::is_same_v<T, float>) buffers.scores = buffers.probs;
+        }
+        RowStats* block_stats = stats.defined() ? blk.row_stats_of(stats.data_ptr<float>(), p) : nullptr;
+        forward_block(p, blk, q.data_ptr<T>(), k.data_ptr<T>(), v.data_ptr<T>(), buffers.scores, buffers.probs,
+                      block_stats, out.data_ptr<T>());
+      });
     });
     if (kept != Kept::kNothing) {
       ctx->save_for_backward({q, k, v, kept == Kept::kProbabilities ? probs : stats});
       ctx->saved_data["heads"] = heads;
       ctx->saved_data["scale"] = scale;
+      ctx->saved_data["round_scores"] = round_scores;
       ctx->saved_data["kept"] = kept_code;
     }
     return out;
@@ -155,81 +235,99 @@ class WideHeadAttention : public torch::autograd::Function<WideHeadAttention> {
 
   // With P = softmax(S), S = q kᵀ · scale, out = P v and dP = d_out vᵀ:
   //   dv = Pᵀ d_out,  dS = P ∘ (dP − rowsum(P ∘ dP)),  dq = dS k · scale,  dk = dSᵀ q · scale.
-  // dk and dv sum over every query block: each thread accumulates its own copy, summed in thread order at the end,
-  // so the result does not depend on timing.
+  // dk and dv sum over every query block: each thread accumulates its own float32 copy, summed in thread order at
+  // the end, so the result does not depend on timing. bf16 keeps float32 until it writes a gradient, except for the
+  // operands of the products (P and dS), which are bf16.
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2];
     const bool recompute = static_cast<Kept>(ctx->saved_data["kept"].toInt()) == Kept::kRowStats;
     RECORD_USER_SCOPE_WITH_INPUTS("sdtrain::attention_backward", std::vector<c10::IValue>({q, k, v}));
-    const Problem p = problem_of(q, k, ctx->saved_data["heads"].toInt(), ctx->saved_data["scale"].toDouble());
+    const Problem p = problem_of(q, k, ctx->saved_data["heads"].toInt(), ctx->saved_data["scale"].toDouble(),
+                                 ctx->saved_data["round_scores"].toBool());
     const at::Tensor d_out = grad_outputs[0].contiguous();
     const int64_t threads = at::get_num_threads(), ld = p.row_stride();
     at::Tensor dq = at::empty(q.sizes(), q.options());
-    at::Tensor dk_parts = at::zeros({threads, p.batch, p.keys, ld}, k.options());
-    at::Tensor dv_parts = at::zeros({threads, p.batch, p.keys, ld}, v.options());
-    at::Tensor d_probs = block_buffers(p, q.options());
-    const at::Tensor probs = recompute ? block_buffers(p, q.options()) : saved[3];
-    for_each_block(p, [&](const Block& blk, int thread) {
-      const float* block_d_out = blk.queries_of(d_out.data_ptr<float>(), p);
-      const float* block_q = blk.queries_of(q.data_ptr<float>(), p);
-      float* block_probs = recompute ? probs.data_ptr<float>() + thread * p.block_rows * p.keys
-                                     : blk.probabilities_of(probs.data_ptr<float>(), p);
-      if (recompute) {  // forward's scores and softmax again, to the bit
-        block_scores(p, blk, q.data_ptr<float>(), k.data_ptr<float>(), block_probs);
-        probabilities_rows(block_probs, blk.row_stats_of(saved[3].data_ptr<float>(), p), blk.rows, p.keys);
-      }
-      float* block_d_probs = d_probs.data_ptr<float>() + thread * p.block_rows * p.keys;
-      float* dk = blk.keys_of(dk_parts.data_ptr<float>() + thread * p.batch * p.keys * ld, p);
-      float* dv = blk.keys_of(dv_parts.data_ptr<float>() + thread * p.batch * p.keys * ld, p);
-      gemm('N', 'T', blk.rows, p.keys, p.d, 1.f, block_d_out, ld, blk.keys_of(v.data_ptr<float>(), p), ld, 0.f,
-           block_d_probs, p.keys);
-      gemm('T', 'N', p.keys, p.d, blk.rows, 1.f, block_probs, p.keys, block_d_out, ld, 1.f, dv, ld);
-      // softmax's backward, written over dP: dS = P ∘ (dP − rowsum(P ∘ dP)).
-      softmax_backward_rows(block_d_probs, block_probs, blk.rows, p.keys);
-      gemm('N', 'N', blk.rows, p.d, p.keys, p.scale, block_d_probs, p.keys, blk.keys_of(k.data_ptr<float>(), p), ld,
-           0.f, blk.queries_of(dq.data_ptr<float>(), p), ld);
-      gemm('T', 'N', p.keys, p.d, blk.rows, p.scale, block_d_probs, p.keys, block_q, ld, 1.f, dk, ld);
+    const auto float_options = k.options().dtype(at::kFloat);
+    at::Tensor dk_parts = at::zeros({threads, p.batch, p.keys, ld}, float_options);
+    at::Tensor dv_parts = at::zeros({threads, p.batch, p.keys, ld}, float_options);
+    with_element_type(q.scalar_type(), [&](auto zero) {
+      using T = decltype(zero);
+      const Workspace<T> workspace(p, q.options());
+      for_each_block(p, [&](const Block& blk, int thread) {
+        BlockBuffers<T> buffers = workspace.of(thread);
+        const T* block_d_out = blk.queries_of(d_out.data_ptr<T>(), p);
+        const T* block_q = blk.queries_of(q.data_ptr<T>(), p);
+        if (recompute) {  // forward's scores and softmax again, to the bit
+          block_scores(p, blk, q.data_ptr<T>(), k.data_ptr<T>(), buffers.scores);
+          probabilities_rows(p, buffers.scores, buffers.probs, blk.row_stats_of(saved[3].data_ptr<float>(), p),
+                             blk.rows);
+        } else {
+          buffers.probs = blk.probabilities_of(saved[3].data_ptr<T>(), p);
+        }
+        float* dk = blk.keys_of(dk_parts.data_ptr<float>() + thread * p.batch * p.keys * ld, p);
+        float* dv = blk.keys_of(dv_parts.data_ptr<float>() + thread * p.batch * p.keys * ld, p);
+        gemm('N', 'T', blk.rows, p.keys, p.d, 1.f, block_d_out, ld, blk.keys_of(v.data_ptr<T>(), p), ld, 0.f,
+             buffers.d_probs, p.keys);
+        gemm('T', 'N', p.keys, p.d, blk.rows, 1.f, buffers.probs, p.keys, block_d_out, ld, 1.f, dv, ld);
+        softmax_backward_rows(p, buffers.d_probs, buffers.probs, buffers.d_scores, blk.rows);
+        gemm('N', 'N', blk.rows, p.d, p.keys, p.scale, buffers.d_scores, p.keys, blk.keys_of(k.data_ptr<T>(), p), ld,
+             0.f, blk.queries_of(dq.data_ptr<T>(), p), ld);
+        gemm('T', 'N', p.keys, p.d, blk.rows, p.scale, buffers.d_scores, p.keys, block_q, ld, 1.f, dk, ld);
+      });
     });
-    return {dq, dk_parts.sum(0), dv_parts.sum(0), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {dq,
+            dk_parts.sum(0).to(k.scalar_type()),
+            dv_parts.sum(0).to(v.scalar_type()),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor()};
   }
 
  private:
-  // One [block_rows, keys] buffer per thread.
-  static at::Tensor block_buffers(const Problem& p, const at::TensorOptions& options) {
-    return at::empty({at::get_num_threads(), p.block_rows, p.keys}, options);
-  }
-
-  static Problem problem_of(const at::Tensor& q, const at::Tensor& k, int64_t heads, double scale) {
+  static Problem problem_of(const at::Tensor& q, const at::Tensor& k, int64_t heads, double scale, bool round_scores) {
     const int64_t d = q.size(2) / heads;
-    return {q.size(0), heads, q.size(1), k.size(1), d, block_rows(q.size(1), k.size(1)), static_cast<float>(scale)};
+    return {q.size(0),
+            heads,
+            q.size(1),
+            k.size(1),
+            d,
+            block_rows(q.size(1), k.size(1)),
+            static_cast<float>(scale),
+            round_scores && q.scalar_type() == at::kBFloat16};
   }
 };
 
 }  // namespace
 
 bool wide_head_attention_fits(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads) {
-  const auto is_input = [](const at::Tensor& x) { return x.dim() == 3 && x.scalar_type() == at::kFloat && x.is_cpu(); };
-  return sd::cpu_has_avx2_fma() && is_input(q) && is_input(k) && is_input(v) && heads > 0 && q.size(2) % heads == 0 &&
-         q.size(2) / heads > 16 && k.size(2) == q.size(2) && v.sizes() == k.sizes() && k.size(0) == q.size(0) &&
-         q.size(1) > 0 && k.size(1) > 0;
+  const at::ScalarType dtype = q.scalar_type();
+  const auto is_input = [&](const at::Tensor& x) { return x.dim() == 3 && x.scalar_type() == dtype && x.is_cpu(); };
+  // bf16 products are oneDNN's, as at::bmm's are where the CPU runs bf16 in oneDNN.
+  const bool supported_dtype = dtype == at::kFloat || (dtype == at::kBFloat16 && sd::cpu_runs_bf16_in_onednn());
+  return sd::cpu_has_avx2_fma() && supported_dtype && is_input(q) && is_input(k) && is_input(v) && heads > 0 &&
+         q.size(2) % heads == 0 && q.size(2) / heads > 16 && k.size(2) == q.size(2) && v.sizes() == k.sizes() &&
+         k.size(0) == q.size(0) && q.size(1) > 0 && k.size(1) > 0;
 }
 
 bool wide_head_attention_worth_keeping_probabilities(const at::Tensor& q, const at::Tensor& k, int64_t heads) {
   constexpr int64_t kMostKeptBytes = int64_t{64} << 20;
-  return q.size(0) * heads * q.size(1) * k.size(1) * static_cast<int64_t>(sizeof(float)) <= kMostKeptBytes;
+  return q.size(0) * heads * q.size(1) * k.size(1) * static_cast<int64_t>(q.element_size()) <= kMostKeptBytes;
 }
 
 at::Tensor wide_head_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads,
-                               double scale, bool keep_probabilities) {
+                               double scale, bool upcast_attention, bool keep_probabilities) {
   SD_CHECK(wide_head_attention_fits(q, k, v, heads),
-           "wide_head_attention: expected float32 q [B, Lq, heads*d], k and v [B, Lk, heads*d] with {} heads of more "
-           "than 16 channels on a CPU with AVX2 and FMA, got [{}], [{}], [{}]",
-           heads, fmt::join(q.sizes(), ", "), fmt::join(k.sizes(), ", "), fmt::join(v.sizes(), ", "));
+           "wide_head_attention: expected float32 (or, on a CPU that runs bf16 in oneDNN, bf16) q [B, Lq, heads*d], k "
+           "and v [B, Lk, heads*d] of one dtype with {} heads of more than 16 channels on a CPU with AVX2 and FMA, "
+           "got {} [{}], {} [{}], {} [{}]",
+           heads, c10::toString(q.scalar_type()), fmt::join(q.sizes(), ", "), c10::toString(k.scalar_type()),
+           fmt::join(k.sizes(), ", "), c10::toString(v.scalar_type()), fmt::join(v.sizes(), ", "));
   // Something is kept only for a backward that will run.
   const bool backward = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
   const Kept kept = !backward ? Kept::kNothing : keep_probabilities ? Kept::kProbabilities : Kept::kRowStats;
-  return WideHeadAttention::apply(q, k, v, heads, scale, static_cast<int64_t>(kept));
+  return WideHeadAttention::apply(q, k, v, heads, scale, !upcast_attention, static_cast<int64_t>(kept));
 }
 
 }  // namespace sd::models

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "core/cpu_features.h"
+#include "models/model_test_util.h"
 
 namespace sd {
 namespace {
@@ -66,6 +67,65 @@ TEST(OnednnMatmul, LeavesAtenItsSmallProducts) {
   const at::Tensor a = at::randn({16, 16}).to(at::kBFloat16);
   EXPECT_FALSE(onednn_matmul_fits(a, at::randn({16, 16}).to(at::kBFloat16)));
   EXPECT_EQ(onednn_matmul_fits(a, at::randn({16, 17}).to(at::kBFloat16)), cpu_runs_bf16_in_onednn());
+}
+
+// A row-major matrix of `rows` x `cols` bf16 values stored with `pad` more values per row, and op(X) of it.
+struct Stored {
+  at::Tensor storage, op;
+  int64_t ld;
+};
+Stored stored_bf16(int64_t rows, int64_t cols, char trans, int64_t pad) {
+  // op(X) is rows x cols: stored as it is ('N') or as its transpose ('T').
+  const int64_t stored_rows = trans == 'N' ? rows : cols, stored_cols = trans == 'N' ? cols : rows;
+  const at::Tensor storage = at::randn({stored_rows, stored_cols + pad}).to(at::kBFloat16);
+  const at::Tensor x = storage.slice(1, 0, stored_cols);
+  return {storage, trans == 'N' ? x : x.t(), stored_cols + pad};
+}
+
+// gemm_bf16 takes dnnl_sgemm's row-major arguments (op 'N' or 'T', leading dimensions wider than the rows), scales
+// the product, and writes float32 (or adds to it) or bf16, leaving the columns past n alone. The float32 sums of the
+// bf16 values' exact products: within float32 rounding of the float64 product, and bf16 within half a bf16 step.
+TEST(GemmBf16, TakesSgemmsArgumentsIntoFloat32OrBf16) {
+  if (!cpu_runs_bf16_in_onednn()) GTEST_SKIP() << "this CPU runs bf16 outside oneDNN";
+  const int64_t m = 37, n = 21, k = 45, ldc = n + 2;
+  for (const char trans_a : {'N', 'T'}) {
+    for (const char trans_b : {'N', 'T'}) {
+      SCOPED_TRACE(::testing::Message() << "op(A) " << trans_a << ", op(B) " << trans_b);
+      at::manual_seed(trans_a * 3 + trans_b);
+      const Stored a = stored_bf16(m, k, trans_a, 3), b = stored_bf16(k, n, trans_b, 5);
+      const at::Tensor expected = at::mm(a.op.to(at::kDouble), b.op.to(at::kDouble)) * 0.5;
+      const auto call = [&](auto* c, float beta) {
+        gemm_bf16(trans_a, trans_b, m, n, k, 0.5f, a.storage.data_ptr<c10::BFloat16>(), a.ld,
+                  b.storage.data_ptr<c10::BFloat16>(), b.ld, beta, c, ldc);
+      };
+      for (int repeat = 0; repeat < 2; ++repeat) {  // the second call runs the kept primitive
+        at::Tensor c = at::full({m, ldc}, 7.f);
+        call(c.data_ptr<float>(), 0.f);
+        EXPECT_LT((c.slice(1, 0, n) - expected).abs().max().item<double>(), 1e-5 * expected.abs().max().item<double>());
+        EXPECT_TRUE(c.slice(1, n).eq(7.f).all().item<bool>());
+        const at::Tensor once = c.clone();
+        call(c.data_ptr<float>(), 1.f);
+        EXPECT_TRUE(at::allclose(c.slice(1, 0, n), 2 * once.slice(1, 0, n), 1e-6, 1e-6));
+        at::Tensor c_bf16 = at::full({m, ldc}, 7.f).to(at::kBFloat16);
+        gemm_bf16(trans_a, trans_b, m, n, k, 0.5f, a.storage.data_ptr<c10::BFloat16>(), a.ld,
+                  b.storage.data_ptr<c10::BFloat16>(), b.ld, c_bf16.data_ptr<c10::BFloat16>(), ldc);
+        const at::Tensor rounded = c_bf16.slice(1, 0, n).to(at::kDouble);
+        EXPECT_TRUE(((rounded - expected).abs() <= expected.abs() * (1.0 / 256) + 1e-30).all().item<bool>());
+        EXPECT_TRUE(c_bf16.slice(1, n).to(at::kFloat).eq(7.f).all().item<bool>());
+      }
+    }
+  }
+}
+
+TEST(GemmBf16, AddsToFloat32OutputsOnly) {
+  if (!cpu_runs_bf16_in_onednn()) GTEST_SKIP() << "this CPU runs bf16 outside oneDNN";
+  const at::Tensor a = at::randn({4, 4}).to(at::kBFloat16);
+  at::Tensor c = at::zeros({4, 4});
+  const std::string message = test::error_message([&] {
+    gemm_bf16('N', 'N', 4, 4, 4, 1.f, a.data_ptr<c10::BFloat16>(), 4, a.data_ptr<c10::BFloat16>(), 4, 0.5f,
+              c.data_ptr<float>(), 4);
+  });
+  EXPECT_NE(message.find("gemm_bf16: beta must be 0 or 1, got 0.5"), std::string::npos) << message;
 }
 
 }  // namespace
