@@ -18,6 +18,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <regex>
 #include <sstream>
 
 namespace sd::test {
@@ -164,10 +165,14 @@ std::string error_of(const std::function<void()>& f) {
   while (output.rfind("sdtrain: note: ", 0) == 0 && output.find('\n') != std::string::npos)
     output.erase(0, output.find('\n') + 1);
   if (std::count(output.begin(), output.end(), '\n') != 1) return failure("not exactly one line");
-  if (output.rfind("sdtrain: error: ", 0) != 0) return failure("no 'sdtrain: error: ' prefix");
+  static const std::regex kErrorStart(R"(^sdtrain(\[rank \d+\])?: error: )");
+  if (!std::regex_search(output, kErrorStart))
+    return failure("no 'sdtrain: error: ' or 'sdtrain[rank N]: error: ' prefix");
   if (output.find(fragment) == std::string::npos) return failure("no '" + fragment + "'");
   return ::testing::AssertionSuccess();
 }
+
+std::string rank_error(int rank) { return "sdtrain[rank " + std::to_string(rank) + "]: error: "; }
 
 namespace {
 

@@ -106,8 +106,12 @@ CommandResult run_command(const std::string& command);
 // The message of the sd::Error that `f` throws; "" when it throws none.
 std::string error_of(const std::function<void()>& f);
 
-// How sdtrain reports bad input: a non-zero exit and exactly one line, "sdtrain: error: ...", containing `fragment`.
+// How sdtrain reports bad input: a non-zero exit and exactly one line, "sdtrain: error: ..." (one rank of several:
+// "sdtrain[rank N]: error: ..."), containing `fragment`.
 ::testing::AssertionResult is_one_line_error(const CommandResult& result, const std::string& fragment);
+
+// How rank `rank`'s error line begins in a run of several ranks: "sdtrain[rank 1]: error: ".
+std::string rank_error(int rank);
 
 // Sets (or, given nullopt, unsets) an environment variable while alive, then restores it.
 class ScopedEnv {

@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "cli/huge_pages.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "io/atomic_file.h"
 
 namespace {
@@ -23,17 +24,21 @@ int main(int argc, char** argv) {
   sd::cli::use_transparent_huge_pages();
   sd::cli::keep_freed_memory();
 #endif
+  // In a run of several ranks each rank names itself on its error line ("sdtrain[rank 1]: error: ...").
+  const auto report = [](const char* kind, const std::string& message) {
+    std::fprintf(stderr, "%s%s: %s\n", sd::log::rank_prefix().c_str(), kind, message.c_str());
+  };
   try {
     return sd::cli::run(argc, argv);
   } catch (const sd::Error& e) {
-    std::fprintf(stderr, "sdtrain: error: %s\n", e.what());
+    report("error", e.what());
   } catch (const std::filesystem::filesystem_error& e) {
     // A file system refusing (full, read-only, not a directory) is the machine's state, not a bug.
-    std::fprintf(stderr, "sdtrain: error: %s\n", sd::io::describe(e).c_str());
+    report("error", sd::io::describe(e));
   } catch (const c10::Error& e) {
-    std::fprintf(stderr, "sdtrain: internal error: %s\n", first_line(e.what_without_backtrace()).c_str());
+    report("internal error", first_line(e.what_without_backtrace()));
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "sdtrain: internal error: %s\n", first_line(e.what()).c_str());
+    report("internal error", first_line(e.what()));
   }
   return 1;
 }

@@ -38,12 +38,16 @@ bool is_main_rank() { return g_rank == 0; }
 void write(Level level, bool every_rank, const std::string& message) {
   if (level < g_level.load()) return;
   if (!every_rank && g_rank != 0) return;
-  std::string prefix = g_world > 1 && every_rank ? fmt::format("sdtrain[rank {}]: ", g_rank.load()) : "sdtrain: ";
+  std::string prefix = every_rank ? rank_prefix() : "sdtrain: ";
   if (level == Level::kWarning) prefix += "warning: ";
   if (level == Level::kError) prefix += "error: ";
   std::lock_guard<std::mutex> lock(g_mutex);
   std::fprintf(stderr, "%s%s\n", prefix.c_str(), message.c_str());
   std::fflush(stderr);
+}
+
+std::string rank_prefix() {
+  return g_world > 1 ? fmt::format("sdtrain[rank {}]: ", g_rank.load()) : std::string("sdtrain: ");
 }
 
 }  // namespace sd::log

@@ -18,6 +18,11 @@ bool is_main_rank();
 // Prints `message` at `level` if enabled: on the main rank only, or on every rank (with its rank in the prefix).
 void write(Level level, bool every_rank, const std::string& message);
 
+// How a line this rank alone prints begins (its own messages, its failure): "sdtrain[rank N]: " once this process
+// is one rank of several, so that the lines of many ranks in one terminal or log tell who said what; else
+// "sdtrain: ".
+std::string rank_prefix();
+
 template <typename... Args>
 void debug(fmt::format_string<Args...> format, Args&&... args) {
   write(Level::kDebug, false, fmt::format(format, std::forward<Args>(args)...));

@@ -800,8 +800,8 @@ class ProcessGroupCommunicator : public Communicator {
         }
       }
       if (trouble_since && !failed_ && Clock::now() - *trouble_since > opts_.timeout + 2 * window_) {
-        std::fprintf(stderr, "sdtrain: error: %s; rank %d made no progress within %s after that and exits\n",
-                     trouble.c_str(), env_.rank, seconds_text(opts_.timeout).c_str());
+        std::fprintf(stderr, "%serror: %s; rank %d made no progress within %s after that and exits\n",
+                     log::rank_prefix().c_str(), trouble.c_str(), env_.rank, seconds_text(opts_.timeout).c_str());
         std::fflush(stderr);
         _exit(1);
       }
@@ -1006,7 +1006,10 @@ void PendingWork::wait() {
 
 std::shared_ptr<Communicator> make_communicator(const DistEnv& env, const CommOptions& opts) {
   if (env.world_size == 1) return std::make_shared<LocalCommunicator>();
-  return std::make_shared<ProcessGroupCommunicator>(env, opts);
+  auto comm = std::make_shared<ProcessGroupCommunicator>(env, opts);
+  // The ranks have met: from here on this process's own lines name its rank (core/log.h), whichever command runs.
+  log::set_rank(comm->rank(), comm->world_size());
+  return comm;
 }
 
 }  // namespace sd::dist

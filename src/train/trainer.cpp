@@ -94,7 +94,6 @@ RunContext start_run(const TrainerOptions& o) {
   RunContext context;
   context.comm = dist::make_communicator(env, comm_options);
   set_compute_threads(dist::threads_for_rank_among_peers(o.threads, env, *context.comm));
-  log::set_rank(context.comm->rank(), context.comm->world_size());
   // Every rank writes its part of each checkpoint there; after the rendezvous, so that the others hear of a failure
   // at once instead of waiting for this rank to join.
   if (!o.measure_only && !o.output_dir.empty()) io::check_output_dir("--output_dir", o.output_dir);

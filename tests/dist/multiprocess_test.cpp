@@ -229,9 +229,10 @@ std::vector<Process*> raw(const std::vector<std::unique_ptr<Process>>& procs) {
   return r;
 }
 
-// Rank `victim` SIGKILLs itself after the first allreduce; the others must exit non-zero with one line naming it,
-// well before the timeout. Rank 0 is special: it hosts the store, so its loss is seen through the store.
-void expect_killed_rank_named(int victim, const std::string& expected_prefix) {
+// Rank `victim` SIGKILLs itself after the first allreduce; the others must exit non-zero with one error line naming
+// it, starting with `expected`, well before the timeout. Rank 0 is special: it hosts the store, so its loss is seen
+// through the store.
+void expect_killed_rank_named(int victim, const std::string& expected) {
   const double timeout = 10;
   auto procs = start_torchrun_style(
       3, {"--dist_timeout", "10", "--fault_rank", std::to_string(victim), "--die_after_ms", "300", "--threads", "1"});
@@ -245,23 +246,23 @@ void expect_killed_rank_named(int victim, const std::string& expected_prefix) {
     auto lines = lines_of(out);
     // One line, naming the lost rank and the collective.
     ASSERT_EQ(lines.size(), 1u) << out;
-    EXPECT_EQ(lines[0].rfind(expected_prefix, 0), 0u) << out;
+    EXPECT_EQ(lines[0].rfind(sd::test::rank_error(r) + expected, 0), 0u) << out;
     // Found by the heartbeats / the store, not by waiting out the timeout. Measured from the kill, since start-up
     // alone can take seconds on a loaded machine.
     EXPECT_LT(procs[r]->seconds() - procs[victim]->seconds(), timeout) << out;
-    outputs.push_back(out);
+    outputs.push_back(out.substr(out.find("error: ")));
   }
   if (victim != 0) {
-    EXPECT_EQ(outputs[0], outputs[1]);  // all survivors print the one published conclusion
+    EXPECT_EQ(outputs[0], outputs[1]);  // all survivors print the one published conclusion, each as itself
   }
 }
 
 TEST(DistProcesses, KilledRankIsNamedByTheOthersBeforeTheTimeout) {
-  expect_killed_rank_named(1, "sdtrain: error: rank 1 lost (connection closed) during ");
+  expect_killed_rank_named(1, "rank 1 lost (connection closed) during ");
 }
 
 TEST(DistProcesses, KilledRankZeroIsNamedThroughTheStore) {
-  expect_killed_rank_named(0, "sdtrain: error: rank 0 lost (connection to the master store at 127.0.0.1:");
+  expect_killed_rank_named(0, "rank 0 lost (connection to the master store at 127.0.0.1:");
 }
 
 TEST(DistProcesses, HungRankIsNamedAndEndsItself) {
@@ -291,8 +292,9 @@ TEST(DistProcesses, FrozenRankIsNamed) {
   ASSERT_TRUE(sd::test::wait_all({procs[0].get(), procs[2].get()}, seconds(60)));
   for (int r : {0, 2}) {
     EXPECT_EQ(procs[r]->exit_code(), 1) << procs[r]->output();
-    EXPECT_NE(procs[r]->output().find("sdtrain: error: rank 1 lost (no heartbeat for 1 s) during all_gather #"),
-              std::string::npos)
+    EXPECT_NE(
+        procs[r]->output().find(sd::test::rank_error(r) + "rank 1 lost (no heartbeat for 1 s) during all_gather #"),
+        std::string::npos)
         << procs[r]->output();
   }
   // procs[1] is killed (SIGKILL reaches stopped processes) when it goes out of scope.
@@ -317,7 +319,7 @@ TEST(DistProcesses, FrozenRankZeroIsNamedWithinTheTimeout) {
     EXPECT_EQ(procs[r]->exit_code(), 1) << out;
     auto lines = lines_of(out);
     ASSERT_EQ(lines.size(), 2u) << out;  // the "waiting" line and the error
-    EXPECT_EQ(lines[1].rfind("sdtrain: error: rank 0 lost (the master store at 127.0.0.1:", 0), 0u) << out;
+    EXPECT_EQ(lines[1].rfind(sd::test::rank_error(r) + "rank 0 lost (the master store at 127.0.0.1:", 0), 0u) << out;
     EXPECT_NE(lines[1].find("did not answer within 1 s"), std::string::npos) << out;
   }
   EXPECT_LT(waited, timeout + seconds(5));
@@ -340,7 +342,8 @@ TEST(DistProcesses, LaunchEndsWhenRankZeroIsFrozen) {
   ASSERT_EQ(kill(rank0, SIGSTOP), 0);
   ASSERT_TRUE(launch.wait(seconds(60))) << "launch still running 60 s after rank 0 froze:\n" << launch.output();
   EXPECT_EQ(launch.exit_code(), 1) << launch.output();
-  EXPECT_NE(launch.output().find("sdtrain: error: rank 0 lost (the master store at 127.0.0.1:"), std::string::npos)
+  EXPECT_NE(launch.output().find(sd::test::rank_error(1) + "rank 0 lost (the master store at 127.0.0.1:"),
+            std::string::npos)
       << launch.output();
   EXPECT_NE(launch.output().find("sending SIGKILL"), std::string::npos) << launch.output();
 }
@@ -486,7 +489,7 @@ TEST(DistProcesses, LaunchEscalatesToSigkill) {
                                  seconds(60), clean_env());
   ASSERT_FALSE(r.timed_out) << r.output;
   EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_NE(r.output.find("sdtrain: error: rank 1 did not reach"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(sd::test::rank_error(0) + "rank 1 did not reach"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("local rank 0 (pid "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("sending SIGKILL"), std::string::npos) << r.output;
 }

@@ -175,7 +175,8 @@ TEST_F(NetnsMachines, KilledRankOnAnotherMachineIsNamed) {
   EXPECT_EQ(ranks[2]->exit_code(), 128 + 9);
   for (int r : {0, 1}) {
     EXPECT_EQ(ranks[r]->exit_code(), 1) << ranks[r]->output();
-    EXPECT_NE(ranks[r]->output().find("sdtrain: error: rank 2 lost (connection closed) during"), std::string::npos)
+    EXPECT_NE(ranks[r]->output().find(sd::test::rank_error(r) + "rank 2 lost (connection closed) during"),
+              std::string::npos)
         << ranks[r]->output();
     // Measured from the kill: heartbeats find it in seconds, well within the 15 s timeout.
     EXPECT_LT(ranks[r]->seconds() - ranks[2]->seconds(), 7.5) << ranks[r]->output();

@@ -185,12 +185,14 @@ TEST_F(UNetTrainingDist, RanksThatDoNotShareTheOutputFolderAreNamed) {
     auto rank0 = start_rank(0, port, run_in(machine0, train("out", 2, "shard_grad_op")));
     auto rank1 = start_rank(1, port, run_in(machine1, train("out", 2, "shard_grad_op")));
     ASSERT_TRUE(sd::test::wait_all({rank0.get(), rank1.get()}, 120s)) << "ranks must not hang";
-    for (auto* rank : {rank0.get(), rank1.get()}) {
-      EXPECT_NE(rank->exit_code(), 0) << rank->output();
-      EXPECT_NE(rank->output().find("sdtrain: error: --output_dir out: rank(s) 1 do not see the files rank 0 writes "
-                                    "there; sharded checkpoints are written by every rank into one folder"),
+    for (int r : {0, 1}) {
+      const sd::test::Process& rank = r == 0 ? *rank0 : *rank1;
+      EXPECT_NE(rank.exit_code(), 0) << rank.output();
+      EXPECT_NE(rank.output().find(sd::test::rank_error(r) +
+                                   "--output_dir out: rank(s) 1 do not see the files rank 0 writes there; sharded "
+                                   "checkpoints are written by every rank into one folder"),
                 std::string::npos)
-          << rank->output();
+          << rank.output();
     }
     EXPECT_FALSE(fs::exists(machine0 / "out" / "checkpoint-2"));
     EXPECT_EQ(std::distance(fs::directory_iterator(machine0 / "out"), fs::directory_iterator()), 0);
