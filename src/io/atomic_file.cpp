@@ -93,7 +93,10 @@ void FileWriter::close() {
 void copy_folder(const fs::path& from, const fs::path& to, const fs::path& shown_as) {
   fs::create_directory(to);
   std::vector<char> buffer(size_t{1} << 20);
-  for (const fs::directory_entry& entry : fs::recursive_directory_iterator(from)) {
+  // Symlinks are followed, folders too: a Hugging Face cache's snapshot is symlinks into its blob store, and a copy
+  // must hold the files themselves.
+  for (const fs::directory_entry& entry :
+       fs::recursive_directory_iterator(from, fs::directory_options::follow_directory_symlink)) {
     const fs::path relative = entry.path().lexically_relative(from);
     if (entry.is_directory()) {
       fs::create_directory(to / relative);

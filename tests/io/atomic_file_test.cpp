@@ -172,6 +172,20 @@ TEST(AtomicFile, CopyFolderCopiesEveryFileAndNamesAFullDiskAsSuch) {
   copy_folder(from, dir.path() / "to", "shown");
   EXPECT_EQ(read_text_file(dir.path() / "to" / "a.json"), "{}");
   EXPECT_EQ(read_text_file(dir.path() / "to" / "sub" / "deeper" / "b.bin"), std::string(3 << 20, 'b'));
+  // A symlinked file and a symlinked folder (a Hugging Face cache's snapshot) are copied as what they point to.
+  const fs::path elsewhere = dir.path() / "blobs";
+  fs::create_directories(elsewhere / "folder");
+  std::ofstream(elsewhere / "c.txt") << "c";
+  std::ofstream(elsewhere / "folder" / "d.txt") << "d";
+  const fs::path linked = dir.path() / "linked";
+  fs::create_directories(linked);
+  fs::create_symlink(elsewhere / "c.txt", linked / "c.txt");
+  fs::create_directory_symlink(elsewhere / "folder", linked / "folder");
+  copy_folder(linked, dir.path() / "linked_copy", "shown");
+  EXPECT_FALSE(fs::is_symlink(dir.path() / "linked_copy" / "c.txt"));
+  EXPECT_FALSE(fs::is_symlink(dir.path() / "linked_copy" / "folder"));
+  EXPECT_EQ(read_text_file(dir.path() / "linked_copy" / "c.txt"), "c");
+  EXPECT_EQ(read_text_file(dir.path() / "linked_copy" / "folder" / "d.txt"), "d");
 
   sd::test::Tmpfs small(dir.path() / "small", "size=64k");
   if (!small.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (" << small.error() << ")";
