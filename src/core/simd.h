@@ -1,9 +1,9 @@
 // Vector operations on float32 (loading and storing bf16 too) for sdtrain's own kernels (the attention kernels), once
-// per instruction set: AVX2's eight lanes in sd::simd::avx2 and AVX-512's sixteen in sd::simd::avx512. A kernel written
-// once against these names
-// (`Vec`, `kLanes`, load, store, exp, ...) is compiled for each set by core/simd_each_width.inl, which includes it
-// between SD_BEGIN_AVX2 (or SD_BEGIN_AVX512) and SD_END_TARGET in a namespace that uses this width's operations; the
-// CPU decides at run time which runs (sd::kernel_vector_bits in core/cpu_features.h).
+// per instruction set: AVX2's eight lanes in sd::simd::avx2 and AVX-512's sixteen in sd::simd::avx512. A kernel
+// written once against these names (`Vec`, `kLanes`, load, store, exp, ...) is compiled for each set by
+// core/simd_each_width.inl, which includes it between SD_BEGIN_AVX2 (or SD_BEGIN_AVX512) and SD_END_TARGET in a
+// namespace that uses this width's operations; the CPU decides at run time which runs (sd::kernel_vector_bits in
+// core/cpu_features.h).
 #pragma once
 #include <immintrin.h>
 
