@@ -52,14 +52,18 @@ struct RowStats {
   float max, inverse_sum;
 };
 
-// The shapes of one call: q [batch, queries, heads*d], k and v [batch, keys, heads*d].
+// The shapes of one call: q [batch, queries, heads*d], k and v [batch, keys, heads*d]; in bf16 with each head's rows
+// dense, as [batch*heads, queries or keys, d] (kernel_layout).
 struct Problem {
   int64_t batch, heads, queries, keys, d;
   int64_t block_rows;  // query rows per block
   float scale;
   bool round_scores;  // to bf16 before the softmax, as diffusers' bf16 baddbmm writes them (not under upcast_attention)
+  bool heads_first;   // the [batch*heads, L, d] layout
 
-  int64_t row_stride() const { return heads * d; }
+  int64_t row_stride() const { return heads_first ? d : heads * d; }
+  // Where head h's first row is in a batch entry of `rows` rows.
+  int64_t head_offset(int64_t h, int64_t rows) const { return heads_first ? h * rows * d : h * d; }
 };
 
 // Query rows [row, row + rows) of head h of batch entry b.
@@ -67,10 +71,10 @@ struct Block {
   int64_t b, h, row, rows;
 
   static Block of(const Problem& p, const Tile& t) { return {t.bh / p.heads, t.bh % p.heads, t.row, t.rows}; }
-  // The block's first element in a [batch, rows_per_entry, heads*d] tensor.
+  // The block's first element in a q-, k- or v-shaped tensor of `rows_per_entry` rows per batch entry.
   template <typename T>
   T* rows_of(T* data, const Problem& p, int64_t rows_per_entry, int64_t first_row) const {
-    return data + ((b * rows_per_entry + first_row) * p.heads + h) * p.d;
+    return data + b * rows_per_entry * p.heads * p.d + p.head_offset(h, rows_per_entry) + first_row * p.row_stride();
   }
   template <typename T>
   T* queries_of(T* data, const Problem& p) const {
@@ -181,10 +185,28 @@ void block_scores(const Problem& p, const Block& blk, const T* q, const T* k, fl
 template <typename T>
 void forward_block(const Problem& p, const Block& blk, const T* q, const T* k, const T* v, float* scores, T* probs,
                    RowStats* stats, T* out) {
-  const int64_t ld = p.row_stride();
   block_scores(p, blk, q, k, scores);
   softmax_rows(p, scores, probs, blk.rows, stats);
+  const int64_t ld = p.row_stride();
   gemm('N', 'N', blk.rows, p.d, p.keys, 1.f, probs, p.keys, blk.keys_of(v, p), ld, 0.f, blk.queries_of(out, p), ld);
+}
+
+// The layout the products read q, k, v and d_out in, from the model's [B, L, heads*d]. oneDNN's bf16 products take
+// their fast (brgemm) kernels only on dense operands: reading a head's rows at the stride of all heads they fall back
+// to a slower gemm, so bf16 copies each head's rows together, [B*heads, L, d] (bench_attention, bf16: SD-1.5's
+// self-attention at 32x32 and 64x64 and SD-2's at 64x64 10-30% faster forward + backward, at 16x16 5% slower).
+// oneDNN's sgemm packs its operands whatever their stride, and float32 takes them as they are (the copies made its
+// 16x16 case 6-13% slower and the others no faster).
+at::Tensor kernel_layout(const at::Tensor& x, int64_t heads) {
+  if (x.scalar_type() != at::kBFloat16) return x.contiguous();
+  const int64_t batch = x.size(0), rows = x.size(1), d = x.size(2) / heads;
+  return x.reshape({batch, rows, heads, d}).transpose(1, 2).contiguous();
+}
+
+// kernel_layout's inverse: back to [B, L, heads*d].
+at::Tensor model_layout(const at::Tensor& x) {
+  if (x.dim() == 3) return x;
+  return x.transpose(1, 2).contiguous().view({x.size(0), x.size(2), -1});
 }
 
 // What forward keeps for backward besides q, k and v.
@@ -200,8 +222,8 @@ class WideHeadAttention : public torch::autograd::Function<WideHeadAttention> {
                             const at::Tensor& v_in, int64_t heads, double scale, bool round_scores, int64_t kept_code) {
     RECORD_USER_SCOPE_WITH_INPUTS("sdtrain::attention", std::vector<c10::IValue>({q_in, k_in, v_in}));
     const Kept kept = static_cast<Kept>(kept_code);
-    const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
-    const Problem p = problem_of(q, k, heads, scale, round_scores);
+    const Problem p = problem_of(q_in, k_in.size(1), heads, scale, round_scores);
+    const at::Tensor q = kernel_layout(q_in, heads), k = kernel_layout(k_in, heads), v = kernel_layout(v_in, heads);
     at::Tensor out = at::empty(q.sizes(), q.options());
     at::Tensor probs =
         kept == Kept::kProbabilities ? at::empty({p.batch * heads, p.queries, p.keys}, q.options()) : at::Tensor();
@@ -230,7 +252,7 @@ class WideHeadAttention : public torch::autograd::Function<WideHeadAttention> {
       ctx->saved_data["round_scores"] = round_scores;
       ctx->saved_data["kept"] = kept_code;
     }
-    return out;
+    return model_layout(out);
   }
 
   // With P = softmax(S), S = q kᵀ · scale, out = P v and dP = d_out vᵀ:
@@ -243,14 +265,16 @@ class WideHeadAttention : public torch::autograd::Function<WideHeadAttention> {
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2];
     const bool recompute = static_cast<Kept>(ctx->saved_data["kept"].toInt()) == Kept::kRowStats;
     RECORD_USER_SCOPE_WITH_INPUTS("sdtrain::attention_backward", std::vector<c10::IValue>({q, k, v}));
-    const Problem p = problem_of(q, k, ctx->saved_data["heads"].toInt(), ctx->saved_data["scale"].toDouble(),
-                                 ctx->saved_data["round_scores"].toBool());
-    const at::Tensor d_out = grad_outputs[0].contiguous();
+    const at::Tensor d_out_model = grad_outputs[0];
+    const Problem p = problem_of(d_out_model, k.size(-2), ctx->saved_data["heads"].toInt(),
+                                 ctx->saved_data["scale"].toDouble(), ctx->saved_data["round_scores"].toBool());
+    const at::Tensor d_out = kernel_layout(d_out_model, p.heads);
     const int64_t threads = at::get_num_threads(), ld = p.row_stride();
     at::Tensor dq = at::empty(q.sizes(), q.options());
     const auto float_options = k.options().dtype(at::kFloat);
-    at::Tensor dk_parts = at::zeros({threads, p.batch, p.keys, ld}, float_options);
-    at::Tensor dv_parts = at::zeros({threads, p.batch, p.keys, ld}, float_options);
+    std::vector<int64_t> parts_shape = k.sizes().vec();  // each thread's float32 dk and dv, in k's layout
+    parts_shape.insert(parts_shape.begin(), threads);
+    at::Tensor dk_parts = at::zeros(parts_shape, float_options), dv_parts = at::zeros(parts_shape, float_options);
     with_element_type(q.scalar_type(), [&](auto zero) {
       using T = decltype(zero);
       const Workspace<T> workspace(p, q.options());
@@ -265,8 +289,9 @@ class WideHeadAttention : public torch::autograd::Function<WideHeadAttention> {
         } else {
           buffers.probs = blk.probabilities_of(saved[3].data_ptr<T>(), p);
         }
-        float* dk = blk.keys_of(dk_parts.data_ptr<float>() + thread * p.batch * p.keys * ld, p);
-        float* dv = blk.keys_of(dv_parts.data_ptr<float>() + thread * p.batch * p.keys * ld, p);
+        const int64_t thread_part = thread * k.numel();
+        float* dk = blk.keys_of(dk_parts.data_ptr<float>() + thread_part, p);
+        float* dv = blk.keys_of(dv_parts.data_ptr<float>() + thread_part, p);
         gemm('N', 'T', blk.rows, p.keys, p.d, 1.f, block_d_out, ld, blk.keys_of(v.data_ptr<T>(), p), ld, 0.f,
              buffers.d_probs, p.keys);
         gemm('T', 'N', p.keys, p.d, blk.rows, 1.f, buffers.probs, p.keys, block_d_out, ld, 1.f, dv, ld);
@@ -276,9 +301,9 @@ class WideHeadAttention : public torch::autograd::Function<WideHeadAttention> {
         gemm('T', 'N', p.keys, p.d, blk.rows, p.scale, buffers.d_scores, p.keys, block_q, ld, 1.f, dk, ld);
       });
     });
-    return {dq,
-            dk_parts.sum(0).to(k.scalar_type()),
-            dv_parts.sum(0).to(v.scalar_type()),
+    return {model_layout(dq),
+            model_layout(dk_parts.sum(0).to(k.scalar_type())),
+            model_layout(dv_parts.sum(0).to(v.scalar_type())),
             at::Tensor(),
             at::Tensor(),
             at::Tensor(),
@@ -286,16 +311,17 @@ class WideHeadAttention : public torch::autograd::Function<WideHeadAttention> {
   }
 
  private:
-  static Problem problem_of(const at::Tensor& q, const at::Tensor& k, int64_t heads, double scale, bool round_scores) {
-    const int64_t d = q.size(2) / heads;
+  // From q's (or d_out's) model layout [B, Lq, heads*d] and the number of keys.
+  static Problem problem_of(const at::Tensor& q, int64_t keys, int64_t heads, double scale, bool round_scores) {
     return {q.size(0),
             heads,
             q.size(1),
-            k.size(1),
-            d,
-            block_rows(q.size(1), k.size(1)),
+            keys,
+            q.size(2) / heads,
+            block_rows(q.size(1), keys),
             static_cast<float>(scale),
-            round_scores && q.scalar_type() == at::kBFloat16};
+            round_scores && q.scalar_type() == at::kBFloat16,
+            q.scalar_type() == at::kBFloat16};
   }
 };
 
