@@ -264,7 +264,11 @@ class WideHeadAttention : public torch::autograd::Function<WideHeadAttention> {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2];
     const bool recompute = static_cast<Kept>(ctx->saved_data["kept"].toInt()) == Kept::kRowStats;
-    RECORD_USER_SCOPE_WITH_INPUTS("sdtrain::attention_backward", std::vector<c10::IValue>({q, k, v}));
+    // The profiler counts FLOPs from [slices, L, channels] inputs (perf/op_profiler.h), which the bf16 layout's
+    // [B, heads, L, d] is once its first two dimensions are merged.
+    const auto slices = [](const at::Tensor& x) { return x.view({-1, x.size(-2), x.size(-1)}); };
+    RECORD_USER_SCOPE_WITH_INPUTS("sdtrain::attention_backward",
+                                  std::vector<c10::IValue>({slices(q), slices(k), slices(v)}));
     const at::Tensor d_out_model = grad_outputs[0];
     const Problem p = problem_of(d_out_model, k.size(-2), ctx->saved_data["heads"].toInt(),
                                  ctx->saved_data["scale"].toDouble(), ctx->saved_data["round_scores"].toBool());

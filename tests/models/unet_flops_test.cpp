@@ -2,8 +2,10 @@
 // products of a real forward pass perform, counted from their shapes as they run.
 #include <gtest/gtest.h>
 
+#include "core/cpu_features.h"
 #include "models/tiled_attention.h"
 #include "models/unet/unet_2d_condition.h"
+#include "models/wide_head_attention.h"
 #include "perf/op_profiler.h"
 #include "test_util.h"
 
@@ -47,6 +49,24 @@ TEST(OpProfiler, BackwardCostsTwiceTheForwardForConvolutionsAndTiledAttention) {
   EXPECT_EQ(profiler.profile().flops.at("conv"), 3 * conv_forward);
   EXPECT_EQ(profiler.profile().flops.at("attention"), 3 * attention_forward);
   EXPECT_EQ(profiler.profile().flops.count("linear"), 0u) << "the tiled attention's own GEMMs are not counted again";
+}
+
+TEST(OpProfiler, WideHeadAttentionCountsBackwardAsTwiceItsForwardInEachDtype) {
+  std::vector<at::ScalarType> dtypes{at::kFloat};
+  if (cpu_runs_bf16_in_onednn()) dtypes.push_back(at::kBFloat16);  // which the kernel reads in a layout of its own
+  for (const at::ScalarType dtype : dtypes) {
+    SCOPED_TRACE(c10::toString(dtype));
+    const at::Tensor q = at::randn({2, 50, 3 * 24}).to(dtype).requires_grad_(),
+                     k = at::randn({2, 30, 3 * 24}).to(dtype).requires_grad_(),
+                     v = at::randn({2, 30, 3 * 24}).to(dtype).requires_grad_();
+    perf::OpProfiler profiler(/*count_flops=*/true);
+    const at::Tensor a = wide_head_attention(q, k, v, /*heads=*/3, 0.2);
+    const int64_t attention_forward = 2 * 2 * 50 * 30 * (72 + 72);
+    EXPECT_EQ(profiler.profile().flops.at("attention"), attention_forward);
+    a.sum().backward();
+    EXPECT_EQ(profiler.profile().flops.at("attention"), 3 * attention_forward);
+    EXPECT_EQ(profiler.profile().flops.count("linear"), 0u);
+  }
 }
 
 TEST(OpProfiler, ClassifiesOpsAndScopes) {
