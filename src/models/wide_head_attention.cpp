@@ -53,13 +53,13 @@ struct RowStats {
 };
 
 // The shapes of one call: q [batch, queries, heads*d], k and v [batch, keys, heads*d]; in bf16 with each head's rows
-// dense, as [batch*heads, queries or keys, d] (kernel_layout).
+// together, as [batch, heads, queries or keys, d] (kernel_layout).
 struct Problem {
   int64_t batch, heads, queries, keys, d;
   int64_t block_rows;  // query rows per block
   float scale;
   bool round_scores;  // to bf16 before the softmax, as diffusers' bf16 baddbmm writes them (not under upcast_attention)
-  bool heads_first;   // the [batch*heads, L, d] layout
+  bool heads_first;   // the [batch, heads, L, d] layout
 
   int64_t row_stride() const { return heads_first ? d : heads * d; }
   // Where head h's first row is in a batch entry of `rows` rows.
@@ -185,15 +185,15 @@ void block_scores(const Problem& p, const Block& blk, const T* q, const T* k, fl
 template <typename T>
 void forward_block(const Problem& p, const Block& blk, const T* q, const T* k, const T* v, float* scores, T* probs,
                    RowStats* stats, T* out) {
+  const int64_t ld = p.row_stride();
   block_scores(p, blk, q, k, scores);
   softmax_rows(p, scores, probs, blk.rows, stats);
-  const int64_t ld = p.row_stride();
   gemm('N', 'N', blk.rows, p.d, p.keys, 1.f, probs, p.keys, blk.keys_of(v, p), ld, 0.f, blk.queries_of(out, p), ld);
 }
 
 // The layout the products read q, k, v and d_out in, from the model's [B, L, heads*d]. oneDNN's bf16 products take
 // their fast (brgemm) kernels only on dense operands: reading a head's rows at the stride of all heads they fall back
-// to a slower gemm, so bf16 copies each head's rows together, [B*heads, L, d] (bench_attention, bf16: SD-1.5's
+// to a slower gemm, so bf16 copies each head's rows together, [B, heads, L, d] (bench_attention, bf16: SD-1.5's
 // self-attention at 32x32 and 64x64 and SD-2's at 64x64 10-30% faster forward + backward, at 16x16 5% slower).
 // oneDNN's sgemm packs its operands whatever their stride, and float32 takes them as they are (the copies made its
 // 16x16 case 6-13% slower and the others no faster).

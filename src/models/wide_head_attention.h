@@ -8,10 +8,10 @@
 // keeps too); for memory-efficient training, and wherever they would take more than 64 MiB, it keeps two floats per
 // query row instead and backward recomputes the probabilities, as models/tiled_attention.h does for other dtypes,
 // for a third more arithmetic.
-// The products are oneDNN's sgemm, the path every float32 GEMM in sdtrain takes, or oneDNN's bf16 matmul; the softmax
-// is sdtrain's own, in AVX-512 where the CPU has it (LibTorch's softmax kernels run their AVX2 code there): SD-2's
-// 64x64 self-attention 13-15% faster forward + backward, SD-1.5's at 256² 15% (docs/benchmarks.md, eighteenth
-// sitting).
+// The products are oneDNN's sgemm, the path every float32 GEMM in sdtrain takes, or oneDNN's bf16 matmul (on copies
+// of q, k and v with each head's rows together, where its fast kernels want them); the softmax is sdtrain's own, in
+// AVX-512 where the CPU has it (LibTorch's softmax kernels run their AVX2 code there): SD-2's 64x64 self-attention
+// 13-15% faster forward + backward, SD-1.5's at 256² 15% (docs/benchmarks.md, eighteenth sitting).
 //
 // bf16 rounds where diffusers' AttnProcessor rounds in forward: the scores (unless upcast_attention), the
 // probabilities and the output, with the softmax in float32 between; backward keeps float32 except for the
