@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "models/small_head_attention.h"
 #include "models/tiled_attention.h"
+#include "models/head_layout.h"
 #include "models/wide_head_attention.h"
 
 namespace sd::models {
@@ -149,19 +150,6 @@ AttentionImpl::AttentionImpl(const AttentionOptions& o) : options_(o) {
   to_out->push_back(nn::Dropout(0.0));
   register_module("to_out", to_out);
 }
-
-namespace {
-// [B, L, heads*d] -> [B*heads, L, d]
-at::Tensor head_to_batch_dim(const at::Tensor& x, int64_t heads) {
-  const int64_t b = x.size(0), l = x.size(1), dim = x.size(2);
-  return x.reshape({b, l, heads, dim / heads}).permute({0, 2, 1, 3}).reshape({b * heads, l, dim / heads});
-}
-// [B*heads, L, d] -> [B, L, heads*d]
-at::Tensor batch_to_head_dim(const at::Tensor& x, int64_t heads) {
-  const int64_t bh = x.size(0), l = x.size(1), d = x.size(2);
-  return x.reshape({bh / heads, heads, l, d}).permute({0, 2, 1, 3}).reshape({bh / heads, l, d * heads});
-}
-}  // namespace
 
 // q [B, Lq, heads*d], k and v [B, Lk, heads*d] -> [B, Lq, heads*d]
 at::Tensor AttentionImpl::attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) const {

@@ -13,6 +13,7 @@
 #include "core/onednn_matmul.h"
 #include "core/simd.h"
 #include "models/attention_tiles.h"
+#include "models/head_layout.h"
 #include "perf/op_profiler.h"
 
 namespace sd::models {
@@ -53,13 +54,13 @@ struct RowStats {
 };
 
 // The shapes of one call: q [batch, queries, heads*d], k and v [batch, keys, heads*d]; in bf16 with each head's rows
-// together, as [batch, heads, queries or keys, d] (kernel_layout).
+// together, as [batch*heads, queries or keys, d] (kernel_layout).
 struct Problem {
   int64_t batch, heads, queries, keys, d;
   int64_t block_rows;  // query rows per block
   float scale;
   bool round_scores;  // to bf16 before the softmax, as diffusers' bf16 baddbmm writes them (not under upcast_attention)
-  bool heads_first;   // the [batch, heads, L, d] layout
+  bool heads_first;   // the [batch*heads, L, d] layout
 
   int64_t row_stride() const { return heads_first ? d : heads * d; }
   // Where head h's first row is in a batch entry of `rows` rows.
@@ -193,20 +194,18 @@ void forward_block(const Problem& p, const Block& blk, const T* q, const T* k, c
 
 // The layout the products read q, k, v and d_out in, from the model's [B, L, heads*d]. oneDNN's bf16 products take
 // their fast (brgemm) kernels only on dense operands: reading a head's rows at the stride of all heads they fall back
-// to a slower gemm, so bf16 copies each head's rows together, [B, heads, L, d] (bench_attention, bf16: SD-1.5's
+// to a slower gemm, so bf16 copies each head's rows together, [B*heads, L, d] (bench_attention, bf16: SD-1.5's
 // self-attention at 32x32 and 64x64 and SD-2's at 64x64 10-30% faster forward + backward, at 16x16 5% slower).
 // oneDNN's sgemm packs its operands whatever their stride, and float32 takes them as they are (the copies made its
 // 16x16 case 6-13% slower and the others no faster).
 at::Tensor kernel_layout(const at::Tensor& x, int64_t heads) {
-  if (x.scalar_type() != at::kBFloat16) return x.contiguous();
-  const int64_t batch = x.size(0), rows = x.size(1), d = x.size(2) / heads;
-  return x.reshape({batch, rows, heads, d}).transpose(1, 2).contiguous();
+  // (head_to_batch_dim gives a view rather than a copy where B is 1: the kernel reads its rows contiguous.)
+  return (x.scalar_type() == at::kBFloat16 ? head_to_batch_dim(x, heads) : x).contiguous();
 }
 
 // kernel_layout's inverse: back to [B, L, heads*d].
-at::Tensor model_layout(const at::Tensor& x) {
-  if (x.dim() == 3) return x;
-  return x.transpose(1, 2).contiguous().view({x.size(0), x.size(2), -1});
+at::Tensor model_layout(const at::Tensor& x, int64_t heads) {
+  return x.scalar_type() == at::kBFloat16 ? batch_to_head_dim(x, heads) : x;
 }
 
 // What forward keeps for backward besides q, k and v.
@@ -252,7 +251,7 @@ class WideHeadAttention : public torch::autograd::Function<WideHeadAttention> {
       ctx->saved_data["round_scores"] = round_scores;
       ctx->saved_data["kept"] = kept_code;
     }
-    return model_layout(out);
+    return model_layout(out, heads);
   }
 
   // With P = softmax(S), S = q kᵀ · scale, out = P v and dP = d_out vᵀ:
@@ -264,13 +263,9 @@ class WideHeadAttention : public torch::autograd::Function<WideHeadAttention> {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2];
     const bool recompute = static_cast<Kept>(ctx->saved_data["kept"].toInt()) == Kept::kRowStats;
-    // The profiler counts FLOPs from [slices, L, channels] inputs (perf/op_profiler.h), which the bf16 layout's
-    // [B, heads, L, d] is once its first two dimensions are merged.
-    const auto slices = [](const at::Tensor& x) { return x.view({-1, x.size(-2), x.size(-1)}); };
-    RECORD_USER_SCOPE_WITH_INPUTS("sdtrain::attention_backward",
-                                  std::vector<c10::IValue>({slices(q), slices(k), slices(v)}));
+    RECORD_USER_SCOPE_WITH_INPUTS("sdtrain::attention_backward", std::vector<c10::IValue>({q, k, v}));
     const at::Tensor d_out_model = grad_outputs[0];
-    const Problem p = problem_of(d_out_model, k.size(-2), ctx->saved_data["heads"].toInt(),
+    const Problem p = problem_of(d_out_model, k.size(1), ctx->saved_data["heads"].toInt(),
                                  ctx->saved_data["scale"].toDouble(), ctx->saved_data["round_scores"].toBool());
     const at::Tensor d_out = kernel_layout(d_out_model, p.heads);
     const int64_t threads = at::get_num_threads(), ld = p.row_stride();
@@ -305,9 +300,9 @@ class WideHeadAttention : public torch::autograd::Function<WideHeadAttention> {
         gemm('T', 'N', p.keys, p.d, blk.rows, p.scale, buffers.d_scores, p.keys, block_q, ld, 1.f, dk, ld);
       });
     });
-    return {model_layout(dq),
-            model_layout(dk_parts.sum(0).to(k.scalar_type())),
-            model_layout(dv_parts.sum(0).to(v.scalar_type())),
+    return {model_layout(dq, p.heads),
+            model_layout(dk_parts.sum(0).to(k.scalar_type()), p.heads),
+            model_layout(dv_parts.sum(0).to(v.scalar_type()), p.heads),
             at::Tensor(),
             at::Tensor(),
             at::Tensor(),
