@@ -124,15 +124,25 @@ WebDatasetShards::WebDatasetShards(std::vector<fs::path> shards, std::string cap
 
 EncodedSample WebDatasetShards::read(int64_t index) const {
   const ShardSample& sample = samples_.at(index);
-  const fs::path& shard = shards_[sample.shard];
-  const std::string caption = io::read_entry(shard, {"caption", sample.caption_offset, sample.caption_size});
-  return {io::read_entry(shard, {"image", sample.image_offset, sample.image_size}), captions_of(index, caption)};
+  const std::string caption = read_member(index, "caption", sample.caption_offset, sample.caption_size);
+  return {read_member(index, "image", sample.image_offset, sample.image_size), captions_of(index, caption)};
 }
 
 std::string WebDatasetShards::image_head(int64_t index, uint64_t bytes) const {
   const ShardSample& sample = samples_.at(index);
-  return io::read_entry(shards_[sample.shard],
-                        {"image", sample.image_offset, std::min<uint64_t>(bytes, sample.image_size)});
+  return read_member(index, "image", sample.image_offset, std::min<uint64_t>(bytes, sample.image_size));
+}
+
+std::string WebDatasetShards::read_member(int64_t index, const char* what, uint64_t offset, uint64_t size) const {
+  const fs::path& shard = shards_[samples_.at(index).shard];
+  try {
+    return io::read_entry(shard, {what, offset, size});
+  } catch (const Error&) {
+    if (!fs::exists(shard)) throw;  // read_entry's message says the archive is gone
+    // A shard that shrank is named by its sample, which read_entry cannot do: the index keeps offsets, not names.
+    fail("{}: its {} ({} bytes at offset {}) can no longer be read; was the shard changed since it was indexed?",
+         describe(index), what, size, offset);
+  }
 }
 
 std::string WebDatasetShards::describe(int64_t index) const {

@@ -68,6 +68,8 @@ class WebDatasetShards : public ImageCaptionDataset {
   int64_t num_shards() const { return static_cast<int64_t>(shards_.size()); }
 
  private:
+  // `size` bytes at `offset` of sample `index`'s shard, its `what` ("image", "caption"): an error names the sample.
+  std::string read_member(int64_t index, const char* what, uint64_t offset, uint64_t size) const;
   // The caption text of sample `index` from its caption member's bytes.
   std::vector<std::string> captions_of(int64_t index, const std::string& bytes) const;
 

@@ -141,7 +141,13 @@ TEST(WebDataset, ShardsReadEachSampleWithOnePreadAndReplaceUndecodableImages) {
   const std::vector<Resolution> sizes = image_sizes(shards, {9, 9}, 2);
   EXPECT_EQ(sizes, (std::vector<Resolution>{{6, 4}, {9, 9}, {6, 4}, {6, 4}, {6, 4}}));
 
-  // A shard that vanishes after indexing is an error, not a replacement: no other sample stands in for lost data.
+  // A shard that shrinks or vanishes after indexing is an error, not a replacement: no other sample stands in for
+  // lost data. The message names the sample (a's header survives the cut, the end of its image and its caption do not).
+  fs::resize_file(dir.path() / "0.tar", 520);
+  EXPECT_NE(sd::test::error_of([&] { shards.decode(0); }).find("0.tar: sample 'a': its caption (8 bytes at offset "),
+            std::string::npos);
+  EXPECT_NE(sd::test::error_of([&] { shards.image_head(0, 4096); }).find("0.tar: sample 'a': its image ("),
+            std::string::npos);
   fs::remove(dir.path() / "1.tar");
   EXPECT_NE(sd::test::error_of([&] { shards.decode(2); }).find("1.tar: cannot open the tar archive"),
             std::string::npos);
