@@ -141,36 +141,39 @@ void softmax_backward_rows(const Problem& p, const float* d_probs, const T* prob
 
 // One thread's block buffers: the float32 scores and probabilities' gradients, and the probabilities and scores'
 // gradients the products read next, in the element type. For float32 those are the float32 rows themselves (the
-// softmax and its backward work in place); bf16 has rows of its own.
+// softmax and its backward work in place); bf16 has rows of its own. Forward has no gradient rows (null).
 template <typename T>
 struct BlockBuffers {
   float *scores, *d_probs;
   T *probs, *d_scores;
 };
 
-// Every thread's BlockBuffers, as tensors allocated once per call.
+// Every thread's BlockBuffers, as tensors allocated once per call: the gradient rows only for backward.
 template <typename T>
 class Workspace {
  public:
-  Workspace(const Problem& p, const at::TensorOptions& options)
+  enum Pass { kForward = 1, kBackward = 2 };  // the rows per thread of each element type
+  Workspace(const Problem& p, const at::TensorOptions& options, Pass pass)
       : row_values_(p.block_rows * p.keys),
-        floats_(at::empty({at::get_num_threads(), 2, row_values_}, options.dtype(at::kFloat))),
-        narrow_(kInPlace ? at::Tensor() : at::empty({at::get_num_threads(), 2, row_values_}, options)) {}
+        rows_(pass),
+        floats_(at::empty({at::get_num_threads(), rows_, row_values_}, options.dtype(at::kFloat))),
+        narrow_(kInPlace ? at::Tensor() : at::empty({at::get_num_threads(), rows_, row_values_}, options)) {}
 
   BlockBuffers<T> of(int thread) const {
-    float* scores = floats_.data_ptr<float>() + 2 * thread * row_values_;
-    float* d_probs = scores + row_values_;
+    float* scores = floats_.data_ptr<float>() + rows_ * thread * row_values_;
+    float* d_probs = rows_ == kBackward ? scores + row_values_ : nullptr;
     if constexpr (kInPlace) {
       return {scores, d_probs, scores, d_probs};
     } else {
-      T* probs = narrow_.data_ptr<T>() + 2 * thread * row_values_;
-      return {scores, d_probs, probs, probs + row_values_};
+      T* probs = narrow_.data_ptr<T>() + rows_ * thread * row_values_;
+      return {scores, d_probs, probs, rows_ == kBackward ? probs + row_values_ : nullptr};
     }
   }
 
  private:
   static constexpr bool kInPlace = std::is_same_v<T, float>;
   int64_t row_values_;  // block_rows x keys
+  int64_t rows_;
   at::Tensor floats_, narrow_;
 };
 
@@ -231,7 +234,7 @@ class WideHeadAttention : public torch::autograd::Function<WideHeadAttention> {
                            : at::Tensor();
     with_element_type(q.scalar_type(), [&](auto zero) {
       using T = decltype(zero);
-      const Workspace<T> workspace(p, q.options());
+      const Workspace<T> workspace(p, q.options(), Workspace<T>::kForward);
       for_each_block(p, [&](const Block& blk, int thread) {
         BlockBuffers<T> buffers = workspace.of(thread);
         // Kept probabilities are written in place (float32 scores too, the softmax working over them).
@@ -276,7 +279,7 @@ class WideHeadAttention : public torch::autograd::Function<WideHeadAttention> {
     at::Tensor dk_parts = at::zeros(parts_shape, float_options), dv_parts = at::zeros(parts_shape, float_options);
     with_element_type(q.scalar_type(), [&](auto zero) {
       using T = decltype(zero);
-      const Workspace<T> workspace(p, q.options());
+      const Workspace<T> workspace(p, q.options(), Workspace<T>::kBackward);
       for_each_block(p, [&](const Block& blk, int thread) {
         BlockBuffers<T> buffers = workspace.of(thread);
         const T* block_d_out = blk.queries_of(d_out.data_ptr<T>(), p);
