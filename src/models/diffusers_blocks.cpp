@@ -154,11 +154,12 @@ AttentionImpl::AttentionImpl(const AttentionOptions& o) : options_(o) {
 // q [B, Lq, heads*d], k and v [B, Lk, heads*d] -> [B, Lq, heads*d]
 at::Tensor AttentionImpl::attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) const {
   const int64_t heads = options_.heads;
-  // The fused kernel's softmax is float32 whatever the dtype, which is all upcast_softmax asks for.
-  if (small_head_attention_fits(q, k, v, heads))
-    return small_head_attention(q, k, v, heads, scale_, options_.upcast_attention);
   // Training under --enable_xformers_memory_efficient_attention keeps no probabilities, nor does any training whose
-  // probabilities would be large: backward recomputes them.
+  // probabilities would be large: backward recomputes them. The fused kernels' softmax is float32 whatever the
+  // dtype, which is all upcast_softmax asks for.
+  if (small_head_attention_fits(q, k, v, heads))
+    return small_head_attention(q, k, v, heads, scale_, options_.upcast_attention, /*causal=*/false,
+                                !memory_efficient_);
   if (wide_head_attention_fits(q, k, v, heads))
     return wide_head_attention(q, k, v, heads, scale_, options_.upcast_attention,
                                !memory_efficient_ && wide_head_attention_worth_keeping_probabilities(q, k, heads));

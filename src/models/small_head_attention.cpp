@@ -25,6 +25,9 @@ constexpr int64_t kMaxHeadChannels = 16;
 // Keys are padded to a multiple of the widest vector (16 floats in AVX-512), whichever width runs; the padding's
 // scores are -inf, so it adds exact zeros.
 constexpr int64_t kKeyPadding = 16;
+// Backward over kept probabilities sums dk and dv in D vector registers each (sum_over_rows); beyond 8 channels
+// those would not fit beside its operands in AVX2's sixteen, and backward_row's order takes over.
+constexpr int64_t kMostSweptHeadChannels = 8;
 
 // GCC at -O2 keeps loops over the D channels rolled, and with them the per-channel sums in memory (measured: a
 // store-to-load round trip per multiply-add, 2x slower rows).
@@ -165,7 +168,8 @@ Tensors<T> tensors_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor
 class SmallHeadAttention : public torch::autograd::Function<SmallHeadAttention> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q_in, const at::Tensor& k_in,
-                            const at::Tensor& v_in, int64_t heads, double scale, bool upcast_attention, bool causal) {
+                            const at::Tensor& v_in, int64_t heads, double scale, bool upcast_attention, bool causal,
+                            bool keep_probabilities) {
     RECORD_USER_SCOPE_WITH_INPUTS("sdtrain::attention", std::vector<c10::IValue>({q_in, k_in, v_in}));
     const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
     const Problem p = problem(q, k, heads, scale, upcast_attention, causal);
@@ -173,7 +177,7 @@ class SmallHeadAttention : public torch::autograd::Function<SmallHeadAttention> 
     at::Tensor stats = at::empty({p.batch, heads, p.queries, 2}, q.options().dtype(at::kFloat));
     auto* row_stats = reinterpret_cast<RowStats*>(stats.data_ptr<float>());
     const bool training = q_in.requires_grad() || k_in.requires_grad() || v_in.requires_grad();
-    const at::Tensor kept = training && keeps_probabilities(p)
+    const at::Tensor kept = training && keep_probabilities && small_enough_to_keep(p)
                                 ? at::empty({p.batch * heads, p.queries, p.n}, q.options().dtype(at::kFloat))
                                 : at::Tensor();
     const bool wide = sd::kernel_vector_bits() == 512;
@@ -212,21 +216,28 @@ class SmallHeadAttention : public torch::autograd::Function<SmallHeadAttention> 
       const Gradients<T> grads{dq.data_ptr<T>(), dk.data_ptr<T>(), dv.data_ptr<T>()};
       with_head_channels(p.d, [&](auto d) {
         const auto backward_slice = wide ? &avx512::backward_slice<d(), T> : &avx2::backward_slice<d(), T>;
+        const auto backward_kept_slice =
+            wide ? &avx512::backward_kept_slice<d(), T> : &avx2::backward_kept_slice<d(), T>;
+        const bool sweeps = kept.defined() && d() <= kMostSweptHeadChannels;
         for_each_slice(p, [&](int64_t b, int64_t h) {
           const int64_t slice = b * heads + h;
-          backward_slice(p, tensors_of<T>(q, k, v), d_out.data_ptr<T>(), row_stats + slice * p.queries,
-                         kept.defined() ? kept.data_ptr<float>() + slice * p.queries * p.n : nullptr, b, h, grads);
+          const float* kept_slice = kept.defined() ? kept.data_ptr<float>() + slice * p.queries * p.n : nullptr;
+          if (sweeps)
+            backward_kept_slice(p, tensors_of<T>(q, k, v), d_out.data_ptr<T>(), kept_slice, b, h, grads);
+          else
+            backward_slice(p, tensors_of<T>(q, k, v), d_out.data_ptr<T>(), row_stats + slice * p.queries, kept_slice, b,
+                           h, grads);
         });
       });
     });
-    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 
  private:
   // Whether forward keeps the probabilities for backward: when they take at most 16 MiB (tiny-sd1's largest
   // attention at 64² holds 4 MiB). Backward then skips recomputing the scores and their exponentials, most of its
   // work at 4-8 channels per head; larger problems recompute, to keep only q, k and v.
-  static bool keeps_probabilities(const Problem& p) {
+  static bool small_enough_to_keep(const Problem& p) {
     constexpr int64_t kMostKeptProbabilities = int64_t{1} << 22;
     return p.batch * p.heads * p.queries * p.n <= kMostKeptProbabilities;
   }
@@ -258,7 +269,7 @@ bool small_head_attention_fits(const at::Tensor& q, const at::Tensor& k, const a
 }
 
 at::Tensor small_head_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads,
-                                double scale, bool upcast_attention, bool causal) {
+                                double scale, bool upcast_attention, bool causal, bool keep_probabilities) {
   SD_CHECK(small_head_attention_fits(q, k, v, heads),
            "small_head_attention: expected float32 or bf16 CPU tensors of one dtype with at most {} channels per head "
            "on an AVX2 CPU, got {} q [{}], {} k, {} v for {} heads",
@@ -267,7 +278,7 @@ at::Tensor small_head_attention(const at::Tensor& q, const at::Tensor& k, const 
   SD_CHECK(k.dim() == 3 && k.sizes() == v.sizes() && k.size(0) == q.size(0) && k.size(2) == q.size(2),
            "small_head_attention: expected q [B, Lq, C], k and v [B, Lk, C], got [{}], [{}], [{}]",
            fmt::join(q.sizes(), ", "), fmt::join(k.sizes(), ", "), fmt::join(v.sizes(), ", "));
-  return SmallHeadAttention::apply(q, k, v, heads, scale, upcast_attention, causal);
+  return SmallHeadAttention::apply(q, k, v, heads, scale, upcast_attention, causal, keep_probabilities);
 }
 
 }  // namespace sd::models

@@ -113,6 +113,59 @@ void backward_row(const RowContext& row, const RowStats& stats, const float* q_r
   store_sums<D>(dq, dq_row);
 }
 
+// Backward over the probabilities forward kept, in two sweeps. backward_row adds each row's share to every dk and dv
+// vector, a load and a store per channel and vector of keys for every row, and its loop waits on those stores. Here
+// a first sweep, row by row, writes each row's score gradients dS and its dq; a second, vector of keys by vector of
+// keys, sums dk and dv over the rows in registers. The sums are backward_row's, in the same order: the same bits.
+
+// Row `row`'s dS = P ∘ (dP − rowsum(P ∘ dP)) · scale into `d_scores` (n floats) from its kept probabilities `probs`,
+// and its dq = dS k.
+template <int D>
+void score_gradients_row(const RowContext& row, const float* probs, const float* d_out_row, float* d_scores,
+                         float* dq_row) {
+  Vec d_out[D];
+  broadcast<D>(d_out_row, d_out);
+  Vec dot = zero();
+  for (int64_t j = 0; j < row.n; j += kLanes) {
+    Vec dp = mul(d_out[0], load(row.vt + j));
+    SD_UNROLL_CHANNELS
+    for (int c = 1; c < D; ++c) dp = fmadd(d_out[c], load(row.vt + c * row.stride + j), dp);
+    store(d_scores + j, dp);
+    dot = fmadd(load(probs + j), dp, dot);
+  }
+  const Vec row_dot = splat(horizontal_sum(dot)), scale = splat(row.scale);
+  Vec dq[D];
+  SD_UNROLL_CHANNELS
+  for (int c = 0; c < D; ++c) dq[c] = zero();
+  for (int64_t j = 0; j < row.n; j += kLanes) {
+    const Vec ds = mul(mul(load(probs + j), sub(load(d_scores + j), row_dot)), scale);
+    store(d_scores + j, ds);
+    SD_UNROLL_CHANNELS
+    for (int c = 0; c < D; ++c) dq[c] = fmadd(ds, load(row.kt + c * row.stride + j), dq[c]);
+  }
+  store_sums<D>(dq, dq_row);
+}
+
+// out[c][j] = Σ_i weights[i][j] · x[i][c] ([D][stride] out, [rows][n] weights, [rows][D] x) for every key j < n,
+// over the rows in order; under a causal mask only over the rows that see key j (query i sees the vectors of keys
+// below padded(i + 1)).
+template <int D>
+void sum_over_rows(const float* weights, const float* x, int64_t rows, int64_t n, int64_t stride, bool causal,
+                   float* out) {
+  for (int64_t j = 0; j < n; j += kLanes) {
+    Vec acc[D];
+    SD_UNROLL_CHANNELS
+    for (int c = 0; c < D; ++c) acc[c] = zero();
+    for (int64_t i = causal ? j / kKeyPadding * kKeyPadding : 0; i < rows; ++i) {
+      const Vec w = load(weights + i * n + j);
+      SD_UNROLL_CHANNELS
+      for (int c = 0; c < D; ++c) acc[c] = fmadd(w, splat(x[i * D + c]), acc[c]);
+    }
+    SD_UNROLL_CHANNELS
+    for (int c = 0; c < D; ++c) store(out + c * stride + j, acc[c]);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // One batch x head slice.
 
@@ -152,6 +205,29 @@ void backward_slice(const Problem& p, const Tensors<T>& in, const T* d_out, cons
                     buffer.data(), d_scores.data(), dq_row, dkt.data(), dvt.data());
     convert_row<D>(dq_row, dq.row(i));
   }
+  store_transposed<D>(dkt.data(), p.keys, p.stride, SliceOf<T>(grads.dk, p, b, h, p.keys));
+  store_transposed<D>(dvt.data(), p.keys, p.stride, SliceOf<T>(grads.dv, p, b, h, p.keys));
+}
+
+// backward_slice for a slice whose probabilities forward kept (`kept`, [queries][n]), in the two sweeps above.
+template <int D, typename T>
+void backward_kept_slice(const Problem& p, const Tensors<T>& in, const T* d_out, const float* kept, int64_t b,
+                         int64_t h, const Gradients<T>& grads) {
+  const KeysAndValues kv = KeysAndValues::of<D>(p, in, b, h);
+  const RowContext row = kv.row_context(p);
+  std::vector<float> q_rows(p.queries * D), d_out_rows(p.queries * D), dkt(D * p.stride), dvt(D * p.stride);
+  const std::unique_ptr<float[]> d_scores(new float[p.queries * p.n]);  // [queries][n], each row's first row.n set
+  const SliceOf<const T> q(in.q, p, b, h, p.queries), g(d_out, p, b, h, p.queries);
+  const SliceOf<T> dq(grads.dq, p, b, h, p.queries);
+  for (int64_t i = 0; i < p.queries; ++i) {
+    float dq_row[D];
+    convert_row<D>(q.row(i), &q_rows[i * D]);
+    convert_row<D>(g.row(i), &d_out_rows[i * D]);
+    score_gradients_row<D>(context_of_row(row, p, i), kept + i * p.n, &d_out_rows[i * D], &d_scores[i * p.n], dq_row);
+    convert_row<D>(dq_row, dq.row(i));
+  }
+  sum_over_rows<D>(d_scores.get(), q_rows.data(), p.queries, p.n, p.stride, p.causal, dkt.data());  // dk = dSᵀ q
+  sum_over_rows<D>(kept, d_out_rows.data(), p.queries, p.n, p.stride, p.causal, dvt.data());         // dv = Pᵀ d_out
   store_transposed<D>(dkt.data(), p.keys, p.stride, SliceOf<T>(grads.dk, p, b, h, p.keys));
   store_transposed<D>(dvt.data(), p.keys, p.stride, SliceOf<T>(grads.dv, p, b, h, p.keys));
 }

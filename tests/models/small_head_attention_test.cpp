@@ -194,6 +194,37 @@ TEST(SmallHeadAttention, RecomputedProbabilitiesGiveTheKeptOnesGradients) {
   }
 }
 
+// Over kept probabilities backward sums dk and dv over the rows in registers; recomputing them, it adds each row's
+// share in memory (backward_row). Both take the same sums in the same order, causal mask or not.
+TEST(SmallHeadAttention, KeptAndRecomputedProbabilitiesGiveTheSameGradientsBitForBit) {
+  for (const int bits : vector_widths()) {
+    const VectorWidth width(bits);
+    for (const Case& c : kCases) {
+      for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+        for (const bool causal : {false, true}) {
+          if (causal && c.lq != c.lk) continue;
+          SCOPED_TRACE(::testing::Message() << bits << "-bit vectors, " << describe(c) << ", " << c10::toString(dtype)
+                                            << (causal ? ", causal" : ""));
+          at::manual_seed(c.lq * 7 + c.d);
+          const Inputs in = random_inputs(c, dtype);
+          auto fused = [&](bool keep) {
+            return attention_grads(
+                [&](auto& q, auto& k, auto& v) {
+                  return small_head_attention(q, k, v, c.heads, 0.5, false, causal, keep);
+                },
+                in.q, in.k, in.v, in.weight);
+          };
+          const Grads kept = fused(true), recomputed = fused(false);
+          EXPECT_TRUE(at::equal(kept.out, recomputed.out));
+          EXPECT_TRUE(at::equal(kept.dq, recomputed.dq));
+          EXPECT_TRUE(at::equal(kept.dk, recomputed.dk));
+          EXPECT_TRUE(at::equal(kept.dv, recomputed.dv));
+        }
+      }
+    }
+  }
+}
+
 // A NaN reaches the outputs it touches, as in the reference, so a diverging run is noticed rather than hidden.
 TEST(SmallHeadAttention, NanReachesTheRowsItTouches) {
   for (const int bits : vector_widths()) {
