@@ -13,8 +13,8 @@
 // while they take at most 16 MiB (1.5x faster forward + backward on tiny-sd1's attentions); beyond that, backward
 // recomputes each row's probabilities from q, k and the saved row maximum and sum. Over kept probabilities (and
 // heads of up to 8 channels) backward sums dk and dv over the rows in registers rather than adding each row's share
-// in memory: 20% less backward time at 16x16 in bf16 on AVX-512, 1.6x less over 1024 keys (docs/benchmarks.md,
-// twenty-third sitting). Backward keeps its gradients in float32 until they are written.
+// in memory: 20% less backward time at 16x16 in bf16 on AVX-512, forward + backward 1.5x faster over 1024 keys
+// (docs/benchmarks.md, twenty-third sitting). Backward keeps its gradients in float32 until they are written.
 #pragma once
 #include <ATen/ATen.h>
 
