@@ -267,6 +267,9 @@ int run_benchmark(BenchmarkOptions o) {
   SD_CHECK(o.resolution > 0 && o.resolution % 8 == 0, "--resolution {} must be a positive multiple of 8", o.resolution);
   SD_CHECK(!o.lora_rank || o.task == "unet", "--lora_rank is for --task unet, not {}", o.task);
   SD_CHECK(!o.use_ema || o.task == "unet", "--use_ema is for --task unet, not {}", o.task);
+  SD_CHECK(o.data == "latents" || o.task == "unet", "--data {} is for --task unet, not {}", o.data, o.task);
+  SD_CHECK(o.task != "generate" || (o.sharding == "no_shard" && o.gradient_accumulation_steps == 1),
+           "--sharding and --gradient_accumulation_steps are for training tasks, not --task generate");
   const bool preset = o.model.name_or_path.empty();
   const std::string model_name = preset ? o.preset : o.model.name_or_path;
   pipeline::ModelRequest model = o.model;

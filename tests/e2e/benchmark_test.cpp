@@ -178,6 +178,14 @@ TEST(BenchmarkE2E, BadInput) {
   EXPECT_TRUE(sd::test::is_one_line_error(res, "--resolution 30 must be a positive multiple of 8")) << res.output;
   auto ema = sd::test::run_command(sd::test::sdtrain_binary() + " benchmark --task=textual-inversion --use_ema");
   EXPECT_TRUE(sd::test::is_one_line_error(ema, "--use_ema is for --task unet, not textual-inversion")) << ema.output;
+  auto data = sd::test::run_command(sd::test::sdtrain_binary() + " benchmark --task=textual-inversion --data=images");
+  EXPECT_TRUE(sd::test::is_one_line_error(data, "--data images is for --task unet, not textual-inversion"))
+      << data.output;
+  auto sharded =
+      sd::test::run_command(sd::test::sdtrain_binary() + " benchmark --task=generate --sharding=shard_grad_op");
+  EXPECT_TRUE(sd::test::is_one_line_error(
+      sharded, "--sharding and --gradient_accumulation_steps are for training tasks, not --task generate"))
+      << sharded.output;
 }
 
 }  // namespace
