@@ -6,9 +6,10 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "models/bf16_norm.h"
+#include "models/head_layout.h"
 #include "models/small_head_attention.h"
 #include "models/tiled_attention.h"
-#include "models/head_layout.h"
 #include "models/wide_head_attention.h"
 
 namespace sd::models {
@@ -40,6 +41,8 @@ bool is_full_precision(const at::Tensor& x) { return x.scalar_type() == at::kFlo
 at::Tensor group_norm(const nn::GroupNorm& norm, const at::Tensor& x) {
   const auto& o = norm->options;
   if (is_full_precision(x) && norm->weight.scalar_type() == x.scalar_type()) return norm.ptr()->forward(x);
+  if (bf16_norm_fits(x, norm->weight, norm->bias))
+    return bf16_group_norm(x, o.num_groups(), norm->weight, norm->bias, o.eps());
   return at::group_norm(x.to(at::kFloat), o.num_groups(), norm->weight.to(at::kFloat), norm->bias.to(at::kFloat),
                         o.eps())
       .to(x.scalar_type());
@@ -48,6 +51,8 @@ at::Tensor group_norm(const nn::GroupNorm& norm, const at::Tensor& x) {
 at::Tensor layer_norm(const nn::LayerNorm& norm, const at::Tensor& x) {
   const auto& o = norm->options;
   if (is_full_precision(x) && norm->weight.scalar_type() == x.scalar_type()) return norm.ptr()->forward(x);
+  if (bf16_norm_fits(x, norm->weight, norm->bias))
+    return bf16_layer_norm(x, o.normalized_shape(), norm->weight, norm->bias, o.eps());
   return at::layer_norm(x.to(at::kFloat), o.normalized_shape(), norm->weight.to(at::kFloat), norm->bias.to(at::kFloat),
                         o.eps())
       .to(x.scalar_type());

@@ -149,8 +149,8 @@ OpClass classify_op(const std::string& name) {
   if (name == "aten::mm" || name == "aten::addmm" || name == "sdtrain::mm" || name == "aten::linear" ||
       name == "aten::matmul" || contains(name, "MmBackward") || contains(name, "AddmmBackward"))
     return OpClass::kLinear;
-  if (contains(name, "group_norm") || contains(name, "layer_norm") || contains(name, "GroupNorm") ||
-      contains(name, "LayerNorm"))
+  if (name == "sdtrain::norm" || name == "sdtrain::norm_backward" || contains(name, "group_norm") ||
+      contains(name, "layer_norm") || contains(name, "GroupNorm") || contains(name, "LayerNorm"))
     return OpClass::kNorm;
   return OpClass::kElementwise;
 }

@@ -75,6 +75,7 @@ TEST(OpProfiler, ClassifiesOpsAndScopes) {
   EXPECT_EQ(perf::classify_op("aten::_softmax_backward_data"), perf::OpClass::kAttention);
   EXPECT_EQ(perf::classify_op("aten::addmm"), perf::OpClass::kLinear);
   EXPECT_EQ(perf::classify_op("aten::native_group_norm_backward"), perf::OpClass::kNorm);
+  EXPECT_EQ(perf::classify_op("sdtrain::norm_backward"), perf::OpClass::kNorm);
   EXPECT_EQ(perf::classify_op("aten::silu"), perf::OpClass::kElementwise);
   at::Tensor a = at::randn({256, 256});
   perf::OpProfiler profiler;

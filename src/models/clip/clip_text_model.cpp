@@ -4,23 +4,13 @@
 
 #include "core/error.h"
 #include "io/atomic_file.h"
+#include "models/diffusers_blocks.h"
 #include "models/small_head_attention.h"
 #include "models/weights.h"
 
 namespace sd::models {
 
 namespace nn = torch::nn;
-
-at::Tensor clip_layer_norm(const at::Tensor& x, const nn::LayerNorm& norm) {
-  const auto& opts = norm->options;
-  const at::Tensor& w = norm->weight;
-  const at::Tensor& b = norm->bias;
-  const auto dtype = x.scalar_type();
-  if (dtype == w.scalar_type() && (dtype == at::kFloat || dtype == at::kDouble))
-    return at::layer_norm(x, opts.normalized_shape(), w, b, opts.eps());
-  return at::layer_norm(x.to(at::kFloat), opts.normalized_shape(), w.to(at::kFloat), b.to(at::kFloat), opts.eps())
-      .to(dtype);
-}
 
 // A projection in its weight's dtype. The layers of a mixed-precision copy (ClipTextModelImpl::with_linears_in) hold
 // bf16 weights while the residual stream stays float32: their input is rounded to bf16 and their output is bf16, as
@@ -92,8 +82,8 @@ ClipEncoderLayerImpl::ClipEncoderLayerImpl(const ClipTextConfig& c) {
 }
 
 at::Tensor ClipEncoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& causal_mask) {
-  at::Tensor h = x + self_attn->forward(clip_layer_norm(x, layer_norm1), causal_mask);
-  return h + mlp->forward(clip_layer_norm(h, layer_norm2));
+  at::Tensor h = x + self_attn->forward(layer_norm(layer_norm1, x), causal_mask);
+  return h + mlp->forward(layer_norm(layer_norm2, h));
 }
 
 ClipTextEmbeddingsImpl::ClipTextEmbeddingsImpl(const ClipTextConfig& c) {
@@ -146,7 +136,7 @@ ClipTextOutput ClipTextModelImpl::forward(const at::Tensor& input_ids, const at:
     h = layer->as<ClipEncoderLayer>()->forward(h, mask);
     out.hidden_states.push_back(h);
   }
-  out.last_hidden_state = clip_layer_norm(h, text_model->final_layer_norm);
+  out.last_hidden_state = layer_norm(text_model->final_layer_norm, h);
 
   // Pooled output: legacy configs (eos_token_id == 2) take the row of the largest id, which is eos for
   // unextended vocabularies; newer ones the first position of eos_token_id.
@@ -159,7 +149,7 @@ ClipTextOutput ClipTextModelImpl::forward(const at::Tensor& input_ids, const at:
 }
 
 at::Tensor ClipTextModelImpl::apply_final_layer_norm(const at::Tensor& hidden) {
-  return clip_layer_norm(hidden, text_model->final_layer_norm);
+  return layer_norm(text_model->final_layer_norm, hidden);
 }
 
 ClipTextModel ClipTextModelImpl::with_linears_in(at::ScalarType dtype) {

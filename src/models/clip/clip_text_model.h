@@ -17,11 +17,6 @@
 
 namespace sd::models {
 
-// LayerNorm as the model uses it: in the input's dtype when that matches the weights and is float32/float64,
-// otherwise computed in float32 and cast back (LibTorch 1.13's CPU kernel rejects mixed bf16/float32, and a
-// bf16 reduction loses precision the SD pipelines do not lose).
-at::Tensor clip_layer_norm(const at::Tensor& x, const torch::nn::LayerNorm& norm);
-
 class ClipAttentionImpl : public torch::nn::Module {
  public:
   explicit ClipAttentionImpl(const ClipTextConfig& config);
