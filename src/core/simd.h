@@ -55,6 +55,7 @@ SD_INLINE Vec zero() { return _mm256_setzero_ps(); }
 SD_INLINE Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
 SD_INLINE Vec sub(Vec a, Vec b) { return _mm256_sub_ps(a, b); }
 SD_INLINE Vec mul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
+SD_INLINE Vec div(Vec a, Vec b) { return _mm256_div_ps(a, b); }
 SD_INLINE Vec fmadd(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
 SD_INLINE Vec fnmadd(Vec a, Vec b, Vec c) { return _mm256_fnmadd_ps(a, b, c); }
 SD_INLINE Vec max(Vec a, Vec b) { return _mm256_max_ps(a, b); }
@@ -145,6 +146,7 @@ SD_INLINE Vec zero() { return _mm512_setzero_ps(); }
 SD_INLINE Vec add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
 SD_INLINE Vec sub(Vec a, Vec b) { return _mm512_sub_ps(a, b); }
 SD_INLINE Vec mul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
+SD_INLINE Vec div(Vec a, Vec b) { return _mm512_div_ps(a, b); }
 SD_INLINE Vec fmadd(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
 SD_INLINE Vec fnmadd(Vec a, Vec b, Vec c) { return _mm512_fnmadd_ps(a, b, c); }
 SD_INLINE Vec max(Vec a, Vec b) { return _mm512_max_ps(a, b); }
