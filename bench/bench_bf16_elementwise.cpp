@@ -1,6 +1,6 @@
 // The bf16 norms and SiLU at tiny-sd1's and SD-1.5's shapes, forward + backward (input and parameter gradients):
-// sdtrain's kernels (models/bf16_norm.h, models/bf16_silu.h) against the LibTorch path they replace (the input and
-// weights cast to float32, LibTorch's float32 norm, the result cast back; LibTorch's bf16 SiLU).
+// sdtrain's kernels (models/bf16_norm.h, models/bf16_activations.h) against the LibTorch path they replace (the input
+// and weights cast to float32, LibTorch's float32 norm, the result cast back; LibTorch's bf16 SiLU).
 //   bench_bf16_elementwise [--threads N]
 #include <torch/csrc/autograd/autograd.h>
 
@@ -14,14 +14,14 @@
 #include "bench_util.h"
 #include "core/threads.h"
 #include "models/bf16_norm.h"
-#include "models/bf16_silu.h"
+#include "models/bf16_activations.h"
 
 namespace {
 
 using Op = std::function<at::Tensor(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias)>;
 
 struct Case {
-  std::string op;  // "group_norm" (32 groups), "layer_norm" (over the last dimension) or "silu"
+  std::string op;  // "group_norm" (32 groups), "layer_norm" (over the last dimension), "silu" or "geglu"
   std::vector<int64_t> shape;
 };
 
@@ -40,6 +40,12 @@ std::pair<Op, Op> paths(const Case& c) {
               return at::layer_norm(x.to(f), {n}, w.to(f), b.to(f), 1e-5).to(at::kBFloat16);
             }};
   }
+  if (c.op == "geglu")
+    return {[](auto& h, auto&, auto&) { return sd::models::bf16_geglu(h); },
+            [](auto& h, auto&, auto&) {
+              const auto parts = h.chunk(2, -1);
+              return parts[0] * at::gelu(parts[1].contiguous());
+            }};
   return {[](auto& x, auto&, auto&) { return sd::models::bf16_silu(x); },
           [](auto& x, auto&, auto&) { return at::silu(x); }};
 }
@@ -60,10 +66,15 @@ int main(int argc, char** argv) {
       cases.push_back({op, shape});
   for (const auto& shape : std::vector<std::vector<int64_t>>{{2, 64, 32}, {1, 1024, 320}, {1, 4096, 320}})
     cases.push_back({"layer_norm", shape});
+  // GEGLU's projections: tiny-sd1's 64 tokens into 2 x 128, SD-1.5's 1024 and 4096 into 2 x 1280.
+  for (const auto& shape : std::vector<std::vector<int64_t>>{{2, 64, 256}, {1, 1024, 2560}, {1, 4096, 2560}})
+    cases.push_back({"geglu", shape});
   for (const Case& c : cases) {
     at::manual_seed(0);
     const int64_t channels = c.op == "layer_norm" ? c.shape.back() : c.shape[1];
-    const at::Tensor x0 = (at::randn(c.shape) * 3 + 1).to(at::kBFloat16), grad = at::randn(c.shape).to(at::kBFloat16);
+    std::vector<int64_t> out_shape = c.shape;
+    if (c.op == "geglu") out_shape.back() /= 2;
+    const at::Tensor x0 = (at::randn(c.shape) * 3 + 1).to(at::kBFloat16), grad = at::randn(out_shape).to(at::kBFloat16);
     const at::Tensor w0 = at::randn({channels}).to(at::kBFloat16), b0 = at::randn({channels}).to(at::kBFloat16);
     nlohmann::json line = {{"op", c.op}, {"shape", c.shape}};
     const auto [sdtrain, libtorch] = paths(c);

@@ -59,6 +59,10 @@ SD_INLINE Vec div(Vec a, Vec b) { return _mm256_div_ps(a, b); }
 SD_INLINE Vec fmadd(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
 SD_INLINE Vec fnmadd(Vec a, Vec b, Vec c) { return _mm256_fnmadd_ps(a, b, c); }
 SD_INLINE Vec max(Vec a, Vec b) { return _mm256_max_ps(a, b); }
+// Per lane: `negative` where x < 0, else `otherwise` (-0 and NaN take `otherwise`).
+SD_INLINE Vec select_where_negative(Vec x, Vec negative, Vec otherwise) {
+  return _mm256_blendv_ps(otherwise, negative, _mm256_cmp_ps(x, zero(), _CMP_LT_OQ));
+}
 
 SD_INLINE Vec exp(Vec x) {
   const Vec underflows = _mm256_cmp_ps(x, splat(kExpLowest), _CMP_LT_OQ);
@@ -150,6 +154,9 @@ SD_INLINE Vec div(Vec a, Vec b) { return _mm512_div_ps(a, b); }
 SD_INLINE Vec fmadd(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
 SD_INLINE Vec fnmadd(Vec a, Vec b, Vec c) { return _mm512_fnmadd_ps(a, b, c); }
 SD_INLINE Vec max(Vec a, Vec b) { return _mm512_max_ps(a, b); }
+SD_INLINE Vec select_where_negative(Vec x, Vec negative, Vec otherwise) {
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, zero(), _CMP_LT_OQ), otherwise, negative);
+}
 
 SD_INLINE Vec exp(Vec x) {
   const __mmask16 underflows = _mm512_cmp_ps_mask(x, splat(kExpLowest), _CMP_LT_OQ);

@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 #include "models/bf16_norm.h"
-#include "models/bf16_silu.h"
+#include "models/bf16_activations.h"
 #include "models/head_layout.h"
 #include "models/small_head_attention.h"
 #include "models/tiled_attention.h"
@@ -27,7 +27,7 @@ Activation parse_activation(const std::string& name, const std::string& where) {
 
 at::Tensor activate(Activation act, const at::Tensor& x) {
   switch (act) {
-    case Activation::SiLU: return bf16_silu_fits(x) ? bf16_silu(x) : at::silu(x);
+    case Activation::SiLU: return bf16_activation_fits(x) ? bf16_silu(x) : at::silu(x);
     case Activation::Mish: return at::mish(x);
     case Activation::GELU: return at::gelu(x);
     case Activation::ReLU: return at::relu(x);

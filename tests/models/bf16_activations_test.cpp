@@ -1,4 +1,4 @@
-#include "models/bf16_silu.h"
+#include "models/bf16_activations.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -77,6 +77,67 @@ TEST(Bf16Silu, NonContiguousInputsAndBadInputs) {
   } catch (const sd::Error& e) {
     EXPECT_EQ(std::string(e.what()), "bf16_silu: expected a bf16 CPU tensor on an AVX2 CPU, got Float on cpu");
   }
+}
+
+// GEGLU's value and gradient in float64 from the same bf16 values, with the bf16 roundings the kernel makes (of
+// GELU's output and of d_out · a, as LibTorch's ops store them). Φ from erfc: LibTorch's GELU, even in float64,
+// computes 1 + erf(x/√2), which cancels to nothing below x = -8 (Φ(-8) = 6e-16).
+at::Tensor bf16_rounded(const at::Tensor& x) { return x.to(at::kBFloat16).to(at::kDouble); }
+at::Tensor normal_cdf_truth(const at::Tensor& g) { return 0.5 * at::erfc(-g * M_SQRT1_2); }
+at::Tensor gelu_derivative_truth(const at::Tensor& g) {
+  return normal_cdf_truth(g) + g * at::exp(-0.5 * g * g) / std::sqrt(2 * M_PI);
+}
+
+TEST(Bf16Geglu, ValueAndGradientAreTheFloat64ResultsRoundedOnce) {
+  at::manual_seed(5);
+  // Rows of 2 x 37 values (37: no multiple of a vector), the gate across GELU's range and into both tails.
+  const at::Tensor h = at::cat({at::randn({3, 37}), at::randn({3, 37}) * 4}, 1).to(at::kBFloat16);
+  const at::Tensor d_out = at::randn({3, 37}).to(at::kBFloat16);
+  const at::Tensor a = h.narrow(1, 0, 37).to(at::kDouble), g = h.narrow(1, 37, 37).to(at::kDouble),
+                   d = d_out.to(at::kDouble);
+  const at::Tensor gelu = bf16_rounded(g * normal_cdf_truth(g));
+  const at::Tensor dh_truth = at::cat({d * gelu, bf16_rounded(d * a) * gelu_derivative_truth(g)}, 1);
+  for (const int bits : vector_widths()) {
+    SCOPED_TRACE(::testing::Message() << bits << "-bit vectors");
+    const VectorWidth width(bits);
+    const at::Tensor leaf = h.detach().requires_grad_();
+    const at::Tensor out = bf16_geglu(leaf);
+    const at::Tensor dh = torch::autograd::grad({out}, {leaf}, {d_out})[0];
+    ASSERT_EQ(out.sizes(), d_out.sizes());
+    EXPECT_TRUE(rounded_once(out, a * gelu, 1e-30));
+    EXPECT_TRUE(rounded_once(dh, dh_truth, 1e-30));
+  }
+}
+
+// The same as LibTorch's path (chunk, GELU, product) up to the roundings both make, on tiny-sd1's shapes.
+TEST(Bf16Geglu, AgreesWithLibTorchsPath) {
+  at::manual_seed(6);
+  const at::Tensor h = (at::randn({2, 64, 256}) * 2).to(at::kBFloat16),
+                   d_out = at::randn({2, 64, 128}).to(at::kBFloat16);
+  auto run = [&](bool fused) {
+    const at::Tensor leaf = h.detach().requires_grad_();
+    const auto parts = leaf.chunk(2, -1);
+    const at::Tensor out = fused ? bf16_geglu(leaf) : parts[0] * at::gelu(parts[1].contiguous());
+    return std::pair{out, torch::autograd::grad({out}, {leaf}, {d_out})[0]};
+  };
+  const auto [fused_out, fused_dh] = run(true);
+  const auto [plain_out, plain_dh] = run(false);
+  EXPECT_TRUE(sd::test::close_rel_max(fused_out, plain_out, 1e-2));
+  EXPECT_TRUE(sd::test::close_rel_max(fused_dh, plain_dh, 1e-2));
+}
+
+TEST(Bf16Geglu, BadInputsAreNamed) {
+  auto message = [](const at::Tensor& h) {
+    try {
+      bf16_geglu(h);
+    } catch (const sd::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(message(at::ones({2, 5}, at::kBFloat16)),
+            "bf16_geglu: expected a projection [..., 2n] with an even, non-zero last dimension, got [2, 5]");
+  EXPECT_EQ(message(at::ones({2, 4})), "bf16_geglu: expected a bf16 CPU tensor on an AVX2 CPU, got Float on cpu");
 }
 
 }  // namespace

@@ -1,0 +1,124 @@
+#include "models/bf16_activations.h"
+
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "core/cpu_features.h"
+#include "core/error.h"
+#include "core/parallel.h"
+#include "core/simd.h"
+#include "perf/op_profiler.h"
+
+namespace sd::models {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+#define SD_KERNELS "models/bf16_activations_rows.inl"
+#include "core/simd_each_width.inl"
+
+const uint16_t* bits(const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<c10::BFloat16>()); }
+uint16_t* bits(at::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<c10::BFloat16>()); }
+
+// Values per parallel chunk: enough that a chunk outweighs handing it to a thread.
+constexpr int64_t kGrain = 16384;
+// The same in rows of n values.
+int64_t row_grain(int64_t n) { return std::max<int64_t>(1, kGrain / n); }
+
+class Bf16Silu : public torch::autograd::Function<Bf16Silu> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x_in) {
+    RECORD_USER_SCOPE("sdtrain::silu");
+    const at::Tensor x = x_in.contiguous();
+    at::Tensor y = at::empty(x.sizes(), x.options());
+    sd::parallel_for(0, x.numel(), kGrain, [&](int64_t begin, int64_t end) {
+      if (sd::kernel_vector_bits() == 512)
+        avx512::silu_values(bits(x) + begin, bits(y) + begin, end - begin);
+      else
+        avx2::silu_values(bits(x) + begin, bits(y) + begin, end - begin);
+    });
+    ctx->save_for_backward({x});
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    RECORD_USER_SCOPE("sdtrain::silu_backward");
+    const at::Tensor x = ctx->get_saved_variables()[0];
+    const at::Tensor dy = grads[0].to(at::kBFloat16).contiguous();
+    at::Tensor dx = at::empty(x.sizes(), x.options());
+    sd::parallel_for(0, x.numel(), kGrain, [&](int64_t begin, int64_t end) {
+      if (sd::kernel_vector_bits() == 512)
+        avx512::silu_gradient_values(bits(dy) + begin, bits(x) + begin, bits(dx) + begin, end - begin);
+      else
+        avx2::silu_gradient_values(bits(dy) + begin, bits(x) + begin, bits(dx) + begin, end - begin);
+    });
+    return {dx};
+  }
+};
+
+class Bf16Geglu : public torch::autograd::Function<Bf16Geglu> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h_in) {
+    RECORD_USER_SCOPE("sdtrain::geglu");
+    const at::Tensor h = h_in.contiguous();
+    const int64_t n = h.size(-1) / 2;
+    std::vector<int64_t> sizes = h.sizes().vec();
+    sizes.back() = n;
+    at::Tensor out = at::empty(sizes, h.options());
+    sd::parallel_for(0, h.numel() / (2 * n), row_grain(n), [&](int64_t begin, int64_t end) {
+      if (sd::kernel_vector_bits() == 512)
+        avx512::geglu_rows(bits(h) + 2 * n * begin, bits(out) + n * begin, end - begin, n);
+      else
+        avx2::geglu_rows(bits(h) + 2 * n * begin, bits(out) + n * begin, end - begin, n);
+    });
+    ctx->save_for_backward({h});
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    RECORD_USER_SCOPE("sdtrain::geglu_backward");
+    const at::Tensor h = ctx->get_saved_variables()[0];
+    const at::Tensor d_out = grads[0].to(at::kBFloat16).contiguous();
+    const int64_t n = h.size(-1) / 2;
+    at::Tensor dh = at::empty(h.sizes(), h.options());
+    sd::parallel_for(0, h.numel() / (2 * n), row_grain(n), [&](int64_t begin, int64_t end) {
+      if (sd::kernel_vector_bits() == 512)
+        avx512::geglu_gradient_rows(bits(d_out) + n * begin, bits(h) + 2 * n * begin, bits(dh) + 2 * n * begin,
+                                    end - begin, n);
+      else
+        avx2::geglu_gradient_rows(bits(d_out) + n * begin, bits(h) + 2 * n * begin, bits(dh) + 2 * n * begin,
+                                  end - begin, n);
+    });
+    return {dh};
+  }
+};
+
+void check_fits(const char* op, const at::Tensor& x) {
+  SD_CHECK(bf16_activation_fits(x), "{}: expected a bf16 CPU tensor on an AVX2 CPU, got {} on {}", op,
+           c10::toString(x.scalar_type()), x.device().str());
+}
+
+}  // namespace
+
+bool bf16_activation_fits(const at::Tensor& x) {
+  return sd::cpu_has_avx2_fma() && x.device().is_cpu() && x.scalar_type() == at::kBFloat16;
+}
+
+at::Tensor bf16_silu(const at::Tensor& x) {
+  check_fits("bf16_silu", x);
+  return Bf16Silu::apply(x);
+}
+
+at::Tensor bf16_geglu(const at::Tensor& h) {
+  check_fits("bf16_geglu", h);
+  SD_CHECK(h.dim() >= 1 && h.size(-1) % 2 == 0 && h.size(-1) > 0,
+           "bf16_geglu: expected a projection [..., 2n] with an even, non-zero last dimension, got [{}]",
+           fmt::join(h.sizes(), ", "));
+  return Bf16Geglu::apply(h);
+}
+
+}  // namespace sd::models
