@@ -6,8 +6,8 @@
 #include <cmath>
 
 #include "core/error.h"
-#include "models/bf16_norm.h"
 #include "models/bf16_activations.h"
+#include "models/bf16_norm.h"
 #include "models/head_layout.h"
 #include "models/small_head_attention.h"
 #include "models/tiled_attention.h"
