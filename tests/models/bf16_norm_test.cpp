@@ -151,21 +151,13 @@ TEST(Bf16Norm, FrozenParametersAndConstantRows) {
 
 TEST(Bf16Norm, BadInputsAreNamed) {
   const at::Tensor x = at::ones({2, 6, 4}, at::kBFloat16), p6 = at::ones({6}), p4 = at::ones({4});
-  auto message = [](const std::function<void()>& f) {
-    try {
-      f();
-    } catch (const sd::Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
-  EXPECT_EQ(message([&] { bf16_group_norm(x, 4, p6, p6, 1e-5); }),
+  EXPECT_EQ(sd::test::error_of([&] { bf16_group_norm(x, 4, p6, p6, 1e-5); }),
             "bf16_group_norm: expected x [N, C, ...] with C divisible by 4 groups and weight and bias of C values, got "
             "x [2, 6, 4], weight [6], bias [6]");
-  EXPECT_EQ(message([&] { bf16_layer_norm(x, {4}, p6, p4, 1e-5); }),
+  EXPECT_EQ(sd::test::error_of([&] { bf16_layer_norm(x, {4}, p6, p4, 1e-5); }),
             "bf16_layer_norm: expected x [..., 4] and weight and bias of that shape, got x [2, 6, 4], weight [6], "
             "bias [4]");
-  EXPECT_EQ(message([&] { bf16_layer_norm(x.to(at::kFloat), {4}, p4, p4, 1e-5); }),
+  EXPECT_EQ(sd::test::error_of([&] { bf16_layer_norm(x.to(at::kFloat), {4}, p4, p4, 1e-5); }),
             "bf16_layer_norm: expected a bf16 CPU input with float32 or bf16 weight and bias on an AVX2 CPU, got "
             "Float x, Float weight");
 }
