@@ -18,13 +18,28 @@ namespace {
 
 using dnnl::memory;
 
-// The strides {row, column} under which oneDNN reads a 2-D tensor, if it is row-major or column-major. A dimension
+// A 2-D tensor as a product reads it: the tensor itself or its transpose, whose sizes and strides are swapped here
+// rather than in a view (a linear layer's weight.t() costs three dispatched ops per call).
+struct Operand {
+  const at::Tensor& tensor;
+  bool is_transposed;
+  int64_t rows, cols, row_stride, col_stride;
+
+  at::Tensor view() const { return is_transposed ? tensor.t() : tensor; }
+};
+
+Operand as_is(const at::Tensor& t) { return {t, false, t.size(0), t.size(1), t.stride(0), t.stride(1)}; }
+Operand transposed(const at::Tensor& t) { return {t, true, t.size(1), t.size(0), t.stride(1), t.stride(0)}; }
+
+// The strides {row, column} under which oneDNN reads an operand, if it is row-major or column-major. A dimension
 // of size one has no meaningful stride in LibTorch (it may hold anything), so it gets the one its layout implies.
-std::optional<std::array<int64_t, 2>> matrix_strides(const at::Tensor& t) {
-  const int64_t rows = t.size(0), cols = t.size(1);
-  const bool unit_cols = cols == 1 || t.stride(1) == 1, unit_rows = rows == 1 || t.stride(0) == 1;
-  if (unit_cols && (rows == 1 || t.stride(0) >= cols)) return std::array<int64_t, 2>{rows == 1 ? cols : t.stride(0), 1};
-  if (unit_rows && (cols == 1 || t.stride(1) >= rows)) return std::array<int64_t, 2>{1, cols == 1 ? rows : t.stride(1)};
+std::optional<std::array<int64_t, 2>> matrix_strides(const Operand& t) {
+  const int64_t rows = t.rows, cols = t.cols;
+  const bool unit_cols = cols == 1 || t.col_stride == 1, unit_rows = rows == 1 || t.row_stride == 1;
+  if (unit_cols && (rows == 1 || t.row_stride >= cols))
+    return std::array<int64_t, 2>{rows == 1 ? cols : t.row_stride, 1};
+  if (unit_rows && (cols == 1 || t.col_stride >= rows))
+    return std::array<int64_t, 2>{1, cols == 1 ? rows : t.col_stride};
   return std::nullopt;
 }
 
@@ -98,26 +113,50 @@ void gemm_bf16_into(char trans_a, char trans_b, int64_t m, int64_t n, int64_t k,
 
 }  // namespace
 
-bool onednn_matmul_fits(const at::Tensor& a, const at::Tensor& b) {
+namespace {
+
+bool bf16_cpu_matrix(const at::Tensor& t) {
+  return t.dim() == 2 && t.scalar_type() == at::kBFloat16 && t.is_cpu();
+}
+
+bool product_fits(const Operand& a, const Operand& b) {
   // LibTorch runs products of at most 16³ multiply-adds in its own kernel, which rounds differently: those stay
   // with at::mm, so that every product is the one at::mm computes.
   constexpr int64_t kLeastOnednnProduct = 16 * 16 * 16 + 1;
-  return a.dim() == 2 && b.dim() == 2 && a.scalar_type() == at::kBFloat16 && b.scalar_type() == at::kBFloat16 &&
-         a.is_cpu() && b.is_cpu() && a.size(1) == b.size(0) &&
-         a.size(0) * a.size(1) * b.size(1) >= kLeastOnednnProduct && matrix_strides(a) && matrix_strides(b) &&
-         cpu_runs_bf16_in_onednn();
+  return a.cols == b.rows && a.rows * a.cols * b.cols >= kLeastOnednnProduct && matrix_strides(a) &&
+         matrix_strides(b) && cpu_runs_bf16_in_onednn();
+}
+
+at::Tensor product(const Operand& a, const Operand& b, const at::Tensor& bias) {
+  // What at::mm would show the profiler (perf/op_profiler.h: the linear class and its FLOPs); the views are built
+  // only while a profiler asks for inputs.
+  RECORD_USER_SCOPE_WITH_INPUTS("sdtrain::mm", std::vector<c10::IValue>({a.view(), b.view()}));
+  const int64_t m = a.rows, k = a.cols, n = b.cols;
+  const auto as = *matrix_strides(a), bs = *matrix_strides(b);
+  const bool bias_ready = !bias.defined() || (bias.scalar_type() == at::kBFloat16 && bias.is_contiguous());
+  const at::Tensor bias_bf16 = bias_ready ? bias : bias.to(at::kBFloat16).contiguous();
+  at::Tensor c = at::empty({m, n}, a.tensor.options());
+  run(matmul_for({m, n, k, as[0], as[1], bs[0], bs[1], n, bias.defined(), false, false, 1.f}), a.tensor.data_ptr(),
+      b.tensor.data_ptr(), bias.defined() ? bias_bf16.data_ptr() : nullptr, c.data_ptr());
+  return c;
+}
+
+}  // namespace
+
+bool onednn_matmul_fits(const at::Tensor& a, const at::Tensor& b) {
+  return bf16_cpu_matrix(a) && bf16_cpu_matrix(b) && product_fits(as_is(a), as_is(b));
 }
 
 at::Tensor onednn_matmul(const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias) {
-  // What at::mm would show the profiler (perf/op_profiler.h: the linear class and its FLOPs).
-  RECORD_USER_SCOPE_WITH_INPUTS("sdtrain::mm", std::vector<c10::IValue>({a, b}));
-  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
-  const auto as = *matrix_strides(a), bs = *matrix_strides(b);
-  const at::Tensor bias_bf16 = bias.defined() ? bias.to(at::kBFloat16).contiguous() : at::Tensor();
-  at::Tensor c = at::empty({m, n}, a.options());
-  run(matmul_for({m, n, k, as[0], as[1], bs[0], bs[1], n, bias.defined(), false, false, 1.f}), a.data_ptr(),
-      b.data_ptr(), bias.defined() ? bias_bf16.data_ptr() : nullptr, c.data_ptr());
-  return c;
+  return product(as_is(a), as_is(b), bias);
+}
+
+bool onednn_linear_fits(const at::Tensor& x, const at::Tensor& weight) {
+  return bf16_cpu_matrix(x) && bf16_cpu_matrix(weight) && product_fits(as_is(x), transposed(weight));
+}
+
+at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  return product(as_is(x), transposed(weight), bias);
 }
 
 at::Tensor mm(const at::Tensor& a, const at::Tensor& b) {

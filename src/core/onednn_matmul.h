@@ -18,6 +18,11 @@ bool onednn_matmul_fits(const at::Tensor& a, const at::Tensor& b);
 // The operands must fit (onednn_matmul_fits); the result is a new contiguous [M, N] tensor.
 at::Tensor onednn_matmul(const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias = {});
 
+// The same for a linear layer's x·weightᵀ + bias, x [M, K] and weight [N, K], without building weight's transposed
+// view: onednn_linear(x, w, bias) is onednn_matmul(x, w.t(), bias).
+bool onednn_linear_fits(const at::Tensor& x, const at::Tensor& weight);
+at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {});
+
 // a·b through onednn_matmul where the operands fit, else at::mm: the same product either way.
 at::Tensor mm(const at::Tensor& a, const at::Tensor& b);
 

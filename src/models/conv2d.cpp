@@ -37,7 +37,8 @@ struct FrozenGemm : torch::autograd::Function<FrozenGemm> {
                             const c10::optional<at::Tensor>& bias, const at::Tensor& w_t) {
     ctx->saved_data["w_t"] = w_t;
     const at::Tensor b = bias.value_or(at::Tensor());
-    if (onednn_matmul_fits(x.t(), w.t())) return onednn_matmul(x.t(), w.t(), b).t();
+    const at::Tensor x_t = x.t();
+    if (onednn_linear_fits(x_t, w)) return onednn_linear(x_t, w, b).t();
     return affine(w, x, b);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,

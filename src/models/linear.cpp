@@ -18,7 +18,7 @@ struct OnednnLinear : torch::autograd::Function<OnednnLinear> {
                             const c10::optional<at::Tensor>& bias) {
     ctx->save_for_backward({rows, weight});
     ctx->saved_data["has_bias"] = bias.has_value();
-    return onednn_matmul(rows, weight.t(), bias.value_or(at::Tensor()));
+    return onednn_linear(rows, weight, bias.value_or(at::Tensor()));
   }
 
   static variable_list backward(AutogradContext* ctx, const variable_list& grads) {
@@ -40,8 +40,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
   const bool one_rounding = x.dim() == 2 || (x.dim() >= 3 && (!bias.defined() || (x.dim() == 3 && x.is_contiguous())));
   if (weight.dim() == 2 && one_rounding &&
       (!bias.defined() || (bias.scalar_type() == at::kBFloat16 && bias.numel() == weight.size(0)))) {
-    const at::Tensor rows = x.reshape({-1, x.size(-1)});  // a view, unless x's layout needs a copy
-    if (onednn_matmul_fits(rows, weight.t())) {
+    const at::Tensor rows = x.dim() == 2 ? x : x.reshape({-1, x.size(-1)});  // a view, unless x's layout needs a copy
+    if (onednn_linear_fits(rows, weight)) {
       std::vector<int64_t> sizes = x.sizes().vec();
       sizes.back() = weight.size(0);
       const auto optional_bias = bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt;

@@ -28,12 +28,16 @@ TEST_P(OnednnMatmulTest, MatchesAtenBitForBit) {
   at::manual_seed(c.m * 131 + c.k * 7 + c.n);
   const at::Tensor a = random_bf16({c.m, c.k}, c.a_transposed), b = random_bf16({c.k, c.n}, c.b_transposed);
   const at::Tensor bias = c.bias ? at::randn({c.n}).to(at::kBFloat16) : at::Tensor();
+  const at::Tensor weight = b.t();  // [N, K], as a linear layer holds it
   ASSERT_TRUE(onednn_matmul_fits(a, b));
+  ASSERT_TRUE(onednn_linear_fits(a, weight));
+  const at::Tensor expected = c.bias ? at::addmm(bias, a, b) : at::mm(a, b);
   for (int repeat = 0; repeat < 2; ++repeat) {  // the second call runs the kept primitive
-    const at::Tensor got = onednn_matmul(a, b, bias);
-    EXPECT_EQ(got.sizes(), (at::IntArrayRef{c.m, c.n}));
-    EXPECT_TRUE(got.is_contiguous());
-    EXPECT_TRUE(at::equal(got, c.bias ? at::addmm(bias, a, b) : at::mm(a, b)));
+    for (const at::Tensor& got : {onednn_matmul(a, b, bias), onednn_linear(a, weight, bias)}) {
+      EXPECT_EQ(got.sizes(), (at::IntArrayRef{c.m, c.n}));
+      EXPECT_TRUE(got.is_contiguous());
+      EXPECT_TRUE(at::equal(got, expected));
+    }
   }
 }
 
@@ -57,6 +61,9 @@ TEST(OnednnMatmul, TakesOnlyBf16MatricesWithAUnitStride) {
   EXPECT_EQ(onednn_matmul_fits(a, b), cpu_runs_bf16_in_onednn());
   EXPECT_FALSE(onednn_matmul_fits(a.to(at::kFloat), b.to(at::kFloat)));
   EXPECT_FALSE(onednn_matmul_fits(a, b.t()));                                                     // 64x16 by 8x16
+  EXPECT_EQ(onednn_linear_fits(a, b.t()), cpu_runs_bf16_in_onednn());                             // 64x16 by (8x16)ᵀ
+  EXPECT_FALSE(onednn_linear_fits(a, b));                                                         // 64x16 by (16x8)ᵀ
+  EXPECT_FALSE(onednn_linear_fits(a, b.t().unsqueeze(0)));
   EXPECT_FALSE(onednn_matmul_fits(at::randn({64, 32}).to(at::kBFloat16).slice(1, 0, 32, 2), b));  // stride 2
   EXPECT_FALSE(onednn_matmul_fits(a.unsqueeze(0), b));
   EXPECT_FALSE(onednn_matmul_fits(a.slice(0, 0, 0), b));
