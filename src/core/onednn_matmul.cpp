@@ -24,8 +24,6 @@ struct Operand {
   const at::Tensor& tensor;
   bool is_transposed;
   int64_t rows, cols, row_stride, col_stride;
-
-  at::Tensor view() const { return is_transposed ? tensor.t() : tensor; }
 };
 
 Operand as_is(const at::Tensor& t) { return {t, false, t.size(0), t.size(1), t.stride(0), t.stride(1)}; }
@@ -115,9 +113,7 @@ void gemm_bf16_into(char trans_a, char trans_b, int64_t m, int64_t n, int64_t k,
 
 namespace {
 
-bool bf16_cpu_matrix(const at::Tensor& t) {
-  return t.dim() == 2 && t.scalar_type() == at::kBFloat16 && t.is_cpu();
-}
+bool bf16_cpu_matrix(const at::Tensor& t) { return t.dim() == 2 && t.scalar_type() == at::kBFloat16 && t.is_cpu(); }
 
 bool product_fits(const Operand& a, const Operand& b) {
   // LibTorch runs products of at most 16³ multiply-adds in its own kernel, which rounds differently: those stay
@@ -128,9 +124,9 @@ bool product_fits(const Operand& a, const Operand& b) {
 }
 
 at::Tensor product(const Operand& a, const Operand& b, const at::Tensor& bias) {
-  // What at::mm would show the profiler (perf/op_profiler.h: the linear class and its FLOPs); the views are built
-  // only while a profiler asks for inputs.
-  RECORD_USER_SCOPE_WITH_INPUTS("sdtrain::mm", std::vector<c10::IValue>({a.view(), b.view()}));
+  // What at::mm would show the profiler (perf/op_profiler.h: the linear class and its FLOPs), with b as given and
+  // whether that is its transpose.
+  RECORD_USER_SCOPE_WITH_INPUTS("sdtrain::mm", std::vector<c10::IValue>({a.tensor, b.tensor, b.is_transposed}));
   const int64_t m = a.rows, k = a.cols, n = b.cols;
   const auto as = *matrix_strides(a), bs = *matrix_strides(b);
   const bool bias_ready = !bias.defined() || (bias.scalar_type() == at::kBFloat16 && bias.is_contiguous());

@@ -71,7 +71,9 @@ int64_t op_flops(const at::RecordFunction& fn) {
   }
   if ((name == "aten::mm" || name == "aten::addmm" || name == "sdtrain::mm") && inputs.size() >= 2) {
     const size_t a = name == "aten::addmm" ? 1 : 0;
-    return 2 * sizes(a)[0] * sizes(a)[1] * sizes(a + 1)[1];
+    // sdtrain::mm's third input says whether b is given as its transpose (a linear layer's weight).
+    const bool b_transposed = name == "sdtrain::mm" && inputs.size() >= 3 && inputs[2].toBool();
+    return 2 * sizes(a)[0] * sizes(a)[1] * sizes(a + 1)[b_transposed ? 0 : 1];
   }
   if ((name == "aten::bmm" || name == "aten::baddbmm") && inputs.size() >= 2) {
     const size_t a = name == "aten::bmm" ? 0 : 1;

@@ -24,7 +24,7 @@ OpClass classify_op(const std::string& name);
 // The names are the classes: "sdtrain::optimizer", "sdtrain::communication", "sdtrain::data_wait", and
 // "sdtrain::attention" / "sdtrain::attention_backward" around models/tiled_attention.h, whose GEMMs run on every
 // thread (the scope's inputs q, k, v give its FLOPs; the GEMMs inside are not counted again), and "sdtrain::mm"
-// around core/onednn_matmul.h's products (linear, as at::mm).
+// around core/onednn_matmul.h's products (linear, as at::mm; a third input says whether b came as its transpose).
 #define SD_PERF_SCOPE(name) RECORD_USER_SCOPE(name)
 
 // One op's totals: its own time (its children's excluded) and how often it ran (a small model's cost is its op

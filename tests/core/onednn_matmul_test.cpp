@@ -60,9 +60,9 @@ TEST(OnednnMatmul, TakesOnlyBf16MatricesWithAUnitStride) {
   const at::Tensor a = at::randn({64, 16}).to(at::kBFloat16), b = at::randn({16, 8}).to(at::kBFloat16);
   EXPECT_EQ(onednn_matmul_fits(a, b), cpu_runs_bf16_in_onednn());
   EXPECT_FALSE(onednn_matmul_fits(a.to(at::kFloat), b.to(at::kFloat)));
-  EXPECT_FALSE(onednn_matmul_fits(a, b.t()));                                                     // 64x16 by 8x16
-  EXPECT_EQ(onednn_linear_fits(a, b.t()), cpu_runs_bf16_in_onednn());                             // 64x16 by (8x16)ᵀ
-  EXPECT_FALSE(onednn_linear_fits(a, b));                                                         // 64x16 by (16x8)ᵀ
+  EXPECT_FALSE(onednn_matmul_fits(a, b.t()));                          // 64x16 by 8x16
+  EXPECT_EQ(onednn_linear_fits(a, b.t()), cpu_runs_bf16_in_onednn());  // 64x16 by (8x16)ᵀ
+  EXPECT_FALSE(onednn_linear_fits(a, b));                              // 64x16 by (16x8)ᵀ
   EXPECT_FALSE(onednn_linear_fits(a, b.t().unsqueeze(0)));
   EXPECT_FALSE(onednn_matmul_fits(at::randn({64, 32}).to(at::kBFloat16).slice(1, 0, 32, 2), b));  // stride 2
   EXPECT_FALSE(onednn_matmul_fits(a.unsqueeze(0), b));

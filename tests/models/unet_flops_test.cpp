@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include "core/cpu_features.h"
+#include "core/onednn_matmul.h"
+#include "models/linear.h"
 #include "models/tiled_attention.h"
 #include "models/unet/unet_2d_condition.h"
 #include "models/wide_head_attention.h"
@@ -67,6 +69,19 @@ TEST(OpProfiler, WideHeadAttentionCountsBackwardAsTwiceItsForwardInEachDtype) {
     EXPECT_EQ(profiler.profile().flops.at("attention"), 3 * attention_forward);
     EXPECT_EQ(profiler.profile().flops.count("linear"), 0u);
   }
+}
+
+// sdtrain's bf16 products run outside at::mm (core/onednn_matmul.h) and count as it would, a linear layer's weight
+// given as it is held, [out, in].
+TEST(OpProfiler, CountsOnednnProductsAsAtMmWould) {
+  if (!cpu_runs_bf16_in_onednn()) GTEST_SKIP() << "this CPU runs bf16 outside oneDNN";
+  const at::Tensor x = at::randn({64, 48}).to(at::kBFloat16), w = at::randn({80, 48}).to(at::kBFloat16);
+  perf::OpProfiler profiler(/*count_flops=*/true);
+  linear(x, w, at::Tensor());
+  EXPECT_EQ(profiler.profile().flops.at("linear"), 2 * 64 * 48 * 80);
+  sd::mm(x, w.t());
+  EXPECT_EQ(profiler.profile().flops.at("linear"), 2 * 2 * 64 * 48 * 80);
+  EXPECT_EQ(profiler.profile().by_op.at("sdtrain::mm").calls, 2);
 }
 
 TEST(OpProfiler, ClassifiesOpsAndScopes) {
