@@ -3,7 +3,8 @@
 // where those namespaces belong, after `#define SD_KERNELS "models/....inl"`:
 //   #define SD_KERNELS "models/wide_head_softmax_rows.inl"
 //   #include "core/simd_each_width.inl"
-// Not a header of its own: every inclusion defines both namespaces again.
+// and call the kernels through SD_CALL_KERNEL (core/kernel_call.h), which picks the width this CPU runs. Not a header
+// of its own: every inclusion defines both namespaces again.
 #ifndef SD_KERNELS
 #error "define SD_KERNELS as the kernel file to include once per vector width"
 #endif

@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <vector>
 
-#include "core/cpu_features.h"
 #include "core/error.h"
+#include "core/kernel_call.h"
 #include "core/parallel.h"
 #include "core/simd.h"
 #include "perf/op_profiler.h"
@@ -21,9 +21,6 @@ using torch::autograd::variable_list;
 #define SD_KERNELS "models/bf16_activations_rows.inl"
 #include "core/simd_each_width.inl"
 
-const uint16_t* bits(const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<c10::BFloat16>()); }
-uint16_t* bits(at::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<c10::BFloat16>()); }
-
 // Values per parallel chunk: enough that a chunk outweighs handing it to a thread.
 constexpr int64_t kGrain = 16384;
 // The same in rows of n values.
@@ -36,10 +33,7 @@ class Bf16Silu : public torch::autograd::Function<Bf16Silu> {
     const at::Tensor x = x_in.contiguous();
     at::Tensor y = at::empty(x.sizes(), x.options());
     sd::parallel_for(0, x.numel(), kGrain, [&](int64_t begin, int64_t end) {
-      if (sd::kernel_vector_bits() == 512)
-        avx512::silu_values(bits(x) + begin, bits(y) + begin, end - begin);
-      else
-        avx2::silu_values(bits(x) + begin, bits(y) + begin, end - begin);
+      SD_CALL_KERNEL(silu_values, bf16_bits(x) + begin, bf16_bits(y) + begin, end - begin);
     });
     ctx->save_for_backward({x});
     return y;
@@ -51,10 +45,8 @@ class Bf16Silu : public torch::autograd::Function<Bf16Silu> {
     const at::Tensor dy = grads[0].to(at::kBFloat16).contiguous();
     at::Tensor dx = at::empty(x.sizes(), x.options());
     sd::parallel_for(0, x.numel(), kGrain, [&](int64_t begin, int64_t end) {
-      if (sd::kernel_vector_bits() == 512)
-        avx512::silu_gradient_values(bits(dy) + begin, bits(x) + begin, bits(dx) + begin, end - begin);
-      else
-        avx2::silu_gradient_values(bits(dy) + begin, bits(x) + begin, bits(dx) + begin, end - begin);
+      SD_CALL_KERNEL(silu_gradient_values, bf16_bits(dy) + begin, bf16_bits(x) + begin, bf16_bits(dx) + begin,
+                     end - begin);
     });
     return {dx};
   }
@@ -70,10 +62,7 @@ class Bf16Geglu : public torch::autograd::Function<Bf16Geglu> {
     sizes.back() = n;
     at::Tensor out = at::empty(sizes, h.options());
     sd::parallel_for(0, h.numel() / (2 * n), row_grain(n), [&](int64_t begin, int64_t end) {
-      if (sd::kernel_vector_bits() == 512)
-        avx512::geglu_rows(bits(h) + 2 * n * begin, bits(out) + n * begin, end - begin, n);
-      else
-        avx2::geglu_rows(bits(h) + 2 * n * begin, bits(out) + n * begin, end - begin, n);
+      SD_CALL_KERNEL(geglu_rows, bf16_bits(h) + 2 * n * begin, bf16_bits(out) + n * begin, end - begin, n);
     });
     ctx->save_for_backward({h});
     return out;
@@ -86,12 +75,8 @@ class Bf16Geglu : public torch::autograd::Function<Bf16Geglu> {
     const int64_t n = h.size(-1) / 2;
     at::Tensor dh = at::empty(h.sizes(), h.options());
     sd::parallel_for(0, h.numel() / (2 * n), row_grain(n), [&](int64_t begin, int64_t end) {
-      if (sd::kernel_vector_bits() == 512)
-        avx512::geglu_gradient_rows(bits(d_out) + n * begin, bits(h) + 2 * n * begin, bits(dh) + 2 * n * begin,
-                                    end - begin, n);
-      else
-        avx2::geglu_gradient_rows(bits(d_out) + n * begin, bits(h) + 2 * n * begin, bits(dh) + 2 * n * begin,
-                                  end - begin, n);
+      SD_CALL_KERNEL(geglu_gradient_rows, bf16_bits(d_out) + n * begin, bf16_bits(h) + 2 * n * begin,
+                     bf16_bits(dh) + 2 * n * begin, end - begin, n);
     });
     return {dh};
   }

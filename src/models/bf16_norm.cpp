@@ -5,8 +5,8 @@
 #include <cmath>
 #include <vector>
 
-#include "core/cpu_features.h"
 #include "core/error.h"
+#include "core/kernel_call.h"
 #include "core/parallel.h"
 #include "core/simd.h"
 #include "perf/op_profiler.h"
@@ -35,8 +35,6 @@ struct Layout {
   int64_t parameters_per_row() const { return n / segment; }
 };
 
-const uint16_t* bits(const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<c10::BFloat16>()); }
-uint16_t* bits(at::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<c10::BFloat16>()); }
 const RowMoments* moments_of(const at::Tensor& t) { return reinterpret_cast<const RowMoments*>(t.data_ptr<float>()); }
 
 // A parameter tensor's values as float32 (without an op: a few hundred values, read once per call).
@@ -68,13 +66,8 @@ void forward_rows(const Layout& l, const uint16_t* x, uint16_t* y, const float* 
   sd::parallel_for(0, l.rows, row_grain(l), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const int64_t row = r * l.n, set = r % l.groups * l.parameters_per_row();
-      if (sd::kernel_vector_bits() == 512) {
-        moments[r] = avx512::row_moments(x + row, l.n, eps);
-        avx512::normalize_row(x + row, y + row, l.n, l.segment, gamma + set, beta + set, moments[r]);
-      } else {
-        moments[r] = avx2::row_moments(x + row, l.n, eps);
-        avx2::normalize_row(x + row, y + row, l.n, l.segment, gamma + set, beta + set, moments[r]);
-      }
+      moments[r] = SD_CALL_KERNEL(row_moments, x + row, l.n, eps);
+      SD_CALL_KERNEL(normalize_row, x + row, y + row, l.n, l.segment, gamma + set, beta + set, moments[r]);
     }
   });
 }
@@ -86,10 +79,7 @@ void input_gradient_rows(const Layout& l, const uint16_t* dy, const uint16_t* x,
     for (int64_t r = begin; r < end; ++r) {
       const int64_t row = r * l.n, set = r % l.groups * l.parameters_per_row();
       float* sums = segment_sums ? segment_sums + 2 * r * l.parameters_per_row() : nullptr;
-      if (sd::kernel_vector_bits() == 512)
-        avx512::input_gradient_row(dy + row, x + row, dx + row, l.n, l.segment, gamma + set, moments[r], sums);
-      else
-        avx2::input_gradient_row(dy + row, x + row, dx + row, l.n, l.segment, gamma + set, moments[r], sums);
+      SD_CALL_KERNEL(input_gradient_row, dy + row, x + row, dx + row, l.n, l.segment, gamma + set, moments[r], sums);
     }
   });
 }
@@ -119,12 +109,8 @@ void parameter_gradients_from_columns(const Layout& l, const uint16_t* dy, const
   for (int64_t set = 0; set < l.groups; ++set) {
     const int64_t offset = set * l.n;
     sd::parallel_for(0, l.n, 64, [&](int64_t begin, int64_t end) {
-      if (sd::kernel_vector_bits() == 512)
-        avx512::parameter_gradient_columns(dy + offset, x + offset, moments + set, l.rows - set, l.n, l.groups, begin,
-                                           end, dgamma.data() + offset, dbeta.data() + offset);
-      else
-        avx2::parameter_gradient_columns(dy + offset, x + offset, moments + set, l.rows - set, l.n, l.groups, begin,
-                                         end, dgamma.data() + offset, dbeta.data() + offset);
+      SD_CALL_KERNEL(parameter_gradient_columns, dy + offset, x + offset, moments + set, l.rows - set, l.n, l.groups,
+                     begin, end, dgamma.data() + offset, dbeta.data() + offset);
     });
   }
 }
@@ -139,7 +125,7 @@ class Bf16Norm : public torch::autograd::Function<Bf16Norm> {
     at::Tensor y = at::empty(x.sizes(), x.options());
     at::Tensor moments = at::empty({l.rows, 2}, x.options().dtype(at::kFloat));
     const std::vector<float> gamma = floats_of(weight), beta = floats_of(bias);
-    forward_rows(l, bits(x), bits(y), gamma.data(), beta.data(), static_cast<float>(eps),
+    forward_rows(l, bf16_bits(x), bf16_bits(y), gamma.data(), beta.data(), static_cast<float>(eps),
                  reinterpret_cast<RowMoments*>(moments.data_ptr<float>()));
     ctx->save_for_backward({x, weight, bias, moments});
     ctx->saved_data["layout"] = std::vector<int64_t>{n, segment, groups};
@@ -158,14 +144,14 @@ class Bf16Norm : public torch::autograd::Function<Bf16Norm> {
     at::Tensor segment_sums =
         l.segment > 1 ? at::empty({l.rows, l.parameters_per_row(), 2}, moments.options()) : at::Tensor();
     const std::vector<float> gamma = floats_of(weight);
-    input_gradient_rows(l, bits(dy), bits(x), bits(dx), gamma.data(), moments_of(moments),
+    input_gradient_rows(l, bf16_bits(dy), bf16_bits(x), bf16_bits(dx), gamma.data(), moments_of(moments),
                         l.segment > 1 ? segment_sums.data_ptr<float>() : nullptr);
     if (!parameters) return {dx, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     std::vector<float> dgamma(weight.numel()), dbeta(weight.numel());
     if (l.segment > 1)
       parameter_gradients_from_segments(l, segment_sums.data_ptr<float>(), moments_of(moments), dgamma, dbeta);
     else
-      parameter_gradients_from_columns(l, bits(dy), bits(x), moments_of(moments), dgamma, dbeta);
+      parameter_gradients_from_columns(l, bf16_bits(dy), bf16_bits(x), moments_of(moments), dgamma, dbeta);
     return {
         dx,          tensor_like(dgamma, weight), tensor_like(dbeta, bias), at::Tensor(), at::Tensor(), at::Tensor(),
         at::Tensor()};

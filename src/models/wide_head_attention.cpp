@@ -10,6 +10,7 @@
 
 #include "core/cpu_features.h"
 #include "core/error.h"
+#include "core/kernel_call.h"
 #include "core/onednn_matmul.h"
 #include "core/simd.h"
 #include "models/attention_tiles.h"
@@ -117,26 +118,17 @@ const uint16_t* row_values(const c10::BFloat16* x) { return reinterpret_cast<con
 
 template <typename T>
 void softmax_rows(const Problem& p, float* scores, T* probs, int64_t rows, RowStats* stats) {
-  if (sd::kernel_vector_bits() == 512)
-    avx512::softmax_rows(scores, row_values(probs), rows, p.keys, p.round_scores, stats);
-  else
-    avx2::softmax_rows(scores, row_values(probs), rows, p.keys, p.round_scores, stats);
+  SD_CALL_KERNEL(softmax_rows, scores, row_values(probs), rows, p.keys, p.round_scores, stats);
 }
 
 template <typename T>
 void probabilities_rows(const Problem& p, const float* scores, T* probs, const RowStats* stats, int64_t rows) {
-  if (sd::kernel_vector_bits() == 512)
-    avx512::probabilities_rows(scores, row_values(probs), stats, rows, p.keys, p.round_scores);
-  else
-    avx2::probabilities_rows(scores, row_values(probs), stats, rows, p.keys, p.round_scores);
+  SD_CALL_KERNEL(probabilities_rows, scores, row_values(probs), stats, rows, p.keys, p.round_scores);
 }
 
 template <typename T>
 void softmax_backward_rows(const Problem& p, const float* d_probs, const T* probs, T* d_scores, int64_t rows) {
-  if (sd::kernel_vector_bits() == 512)
-    avx512::softmax_backward_rows(d_probs, row_values(probs), row_values(d_scores), rows, p.keys);
-  else
-    avx2::softmax_backward_rows(d_probs, row_values(probs), row_values(d_scores), rows, p.keys);
+  SD_CALL_KERNEL(softmax_backward_rows, d_probs, row_values(probs), row_values(d_scores), rows, p.keys);
 }
 
 // One thread's block buffers: the float32 scores and probabilities' gradients, and the probabilities and scores'
