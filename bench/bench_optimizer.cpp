@@ -5,7 +5,7 @@
 // The bf16 training step's two forms: float32 gradients, then a separate refresh of the bf16 compute weights
 // (28 + 6 bytes), against bf16 gradients read and the bf16 weights written in the same pass (2 + 12 + 12 + 2 = 28).
 // The gradient norm (clip_grad_norm_'s pass, 4 bytes) over parameter-sized pieces of 2M values: one piece after
-// another, against the threads each taking whole pieces.
+// another, against the threads each taking whole pieces; and over bf16 pieces (2 bytes), as a bf16 step reads them.
 //   bench_optimizer [millions of parameters, default 100] [threads, default 2]
 #include <torch/optim/adamw.h>
 
@@ -74,6 +74,8 @@ int main(int argc, char** argv) {
   const auto pieces_shared =
       sd::bench::time_it([&] { norm_shared = sd::train::sum_of_squared_l2_norms(pieces); }, 1, 5);
   if (norm_in_turn != norm_shared) std::fprintf(stderr, "the two gradient norms differ\n");
+  const std::vector<at::Tensor> bf16_pieces = g_bf16.split(int64_t{1} << 21);
+  const auto bf16_norm = sd::bench::time_it([&] { sd::train::sum_of_squared_l2_norms(bf16_pieces); }, 1, 5);
 
   auto gbps = [&](double bytes_per_param, double s) { return bytes_per_param * static_cast<double>(n) / s / 1e9; };
   const nlohmann::json result = {{"parameters", n},
@@ -85,6 +87,8 @@ int main(int argc, char** argv) {
                                  {"bf16_step_bf16_grads_one_pass", sd::bench::timing_json(bf16_one_pass)},
                                  {"norm_pieces_in_turn", sd::bench::timing_json(pieces_in_turn)},
                                  {"norm_pieces_shared_by_threads", sd::bench::timing_json(pieces_shared)},
+                                 {"norm_bf16_pieces", sd::bench::timing_json(bf16_norm)},
+                                 {"norm_bf16_gb_per_s", gbps(2, bf16_norm.median_s)},
                                  {"speedup", libtorch.median_s / ours.median_s},
                                  {"norm_speedup", pieces_in_turn.median_s / pieces_shared.median_s},
                                  {"fused_adamw_gb_per_s", gbps(28, ours.median_s)},
