@@ -46,17 +46,25 @@ const dnnl::engine& cpu_engine() {
   return engine;
 }
 
+dnnl::stream& cpu_stream() {
+  thread_local dnnl::stream stream(cpu_engine());
+  return stream;
+}
+
 // A primitive per product for the calling thread (as is its stream): the shape, both operands' strides, the output's
 // row stride and type, the bias, the scale and whether the product adds to the output. A model runs a few dozen
 // distinct products, so the map stays small.
+// With packed_b, b's strides are left to oneDNN (b0 = b1 = 0): the primitive reads b in the blocked layout it picks.
 struct MatmulKey {
   int64_t m, n, k, a0, a1, b0, b1, ldc;
   bool bias, float_output, accumulate;
   float alpha;
+  bool packed_b = false;
 
   bool operator<(const MatmulKey& o) const {
-    return std::tie(m, n, k, a0, a1, b0, b1, ldc, bias, float_output, accumulate, alpha) <
-           std::tie(o.m, o.n, o.k, o.a0, o.a1, o.b0, o.b1, o.ldc, o.bias, o.float_output, o.accumulate, o.alpha);
+    return std::tie(m, n, k, a0, a1, b0, b1, ldc, bias, float_output, accumulate, alpha, packed_b) <
+           std::tie(o.m, o.n, o.k, o.a0, o.a1, o.b0, o.b1, o.ldc, o.bias, o.float_output, o.accumulate, o.alpha,
+                    o.packed_b);
   }
 };
 
@@ -71,7 +79,8 @@ const Matmul& matmul_for(const MatmulKey& key) {
   if (it != matmuls.end()) return it->second;
   const auto bf16 = memory::data_type::bf16;
   Matmul mm{memory::desc({key.m, key.k}, bf16, {key.a0, key.a1}),
-            memory::desc({key.k, key.n}, bf16, {key.b0, key.b1}),
+            key.packed_b ? memory::desc({key.k, key.n}, bf16, memory::format_tag::any)
+                         : memory::desc({key.k, key.n}, bf16, {key.b0, key.b1}),
             key.bias ? memory::desc({1, key.n}, bf16, {key.n, 1}) : memory::desc(),
             memory::desc({key.m, key.n}, key.float_output ? memory::data_type::f32 : bf16, {key.ldc, 1}),
             {}};
@@ -82,7 +91,9 @@ const Matmul& matmul_for(const MatmulKey& key) {
     sum.append_sum(1.f);
     attr.set_post_ops(sum);
   }
-  mm.primitive = dnnl::matmul({dnnl::matmul::desc(mm.a, mm.b, mm.bias, mm.c), attr, cpu_engine()});
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(mm.a, mm.b, mm.bias, mm.c), attr, cpu_engine());
+  mm.b = pd.weights_desc();  // the plain layout given, or the blocked one oneDNN picked for a packed b
+  mm.primitive = dnnl::matmul(pd);
   return matmuls.emplace(key, std::move(mm)).first->second;
 }
 
@@ -93,8 +104,7 @@ void run(const Matmul& mm, const void* a, const void* b, const void* bias, void*
   std::unordered_map<int, memory> args{
       {DNNL_ARG_SRC, wrap(mm.a, a)}, {DNNL_ARG_WEIGHTS, wrap(mm.b, b)}, {DNNL_ARG_DST, wrap(mm.c, c)}};
   if (bias) args.emplace(DNNL_ARG_BIAS, wrap(mm.bias, bias));
-  thread_local dnnl::stream stream(cpu_engine());
-  mm.primitive.execute(stream, args);
+  mm.primitive.execute(cpu_stream(), args);
 }
 
 // The {row, column} strides of op(X) for a row-major X with leading dimension ld.
@@ -154,6 +164,44 @@ bool onednn_linear_fits(const at::Tensor& x, const at::Tensor& weight) {
 at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   return product(as_is(x), transposed(weight), bias);
 }
+
+struct PackedMatrix::Packing {
+  memory::desc layout;
+  at::Tensor bytes;
+  c10::Storage source;  // held, so that another matrix cannot reuse its address and pass for it
+  int64_t source_offset, source_version;
+  std::array<int64_t, 2> source_strides;
+
+  bool holds(const at::Tensor& b, const std::array<int64_t, 2>& strides, const memory::desc& wanted) const {
+    return b.storage().is_alias_of(source) && b.storage_offset() == source_offset && b._version() == source_version &&
+           strides == source_strides && layout == wanted;
+  }
+};
+
+PackedMatrix::PackedMatrix() = default;
+PackedMatrix::~PackedMatrix() = default;
+
+at::Tensor PackedMatrix::times(const at::Tensor& a, const at::Tensor& b) {
+  RECORD_USER_SCOPE_WITH_INPUTS("sdtrain::mm", std::vector<c10::IValue>({a, b, false}));
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+  const auto as = *matrix_strides(as_is(a)), bs = *matrix_strides(as_is(b));
+  const Matmul& mm = matmul_for({m, n, k, as[0], as[1], 0, 0, n, false, false, false, 1.f, /*packed_b=*/true});
+  if (!packing_ || !packing_->holds(b, bs, mm.b)) {
+    at::NoGradGuard no_grad;
+    auto packing = std::make_unique<Packing>(
+        Packing{mm.b, at::empty({static_cast<int64_t>(mm.b.get_size())}, b.options().dtype(at::kByte)), b.storage(),
+                b.storage_offset(), b._version(), bs});
+    memory plain(memory::desc({k, n}, memory::data_type::bf16, {bs[0], bs[1]}), cpu_engine(), b.data_ptr());
+    memory packed(packing->layout, cpu_engine(), packing->bytes.data_ptr());
+    dnnl::reorder(plain, packed).execute(cpu_stream(), plain, packed);
+    packing_ = std::move(packing);
+  }
+  at::Tensor c = at::empty({m, n}, a.options());
+  run(mm, a.data_ptr(), packing_->bytes.data_ptr(), nullptr, c.data_ptr());
+  return c;
+}
+
+int64_t PackedMatrix::bytes() const { return packing_ ? static_cast<int64_t>(packing_->bytes.nbytes()) : 0; }
 
 at::Tensor mm(const at::Tensor& a, const at::Tensor& b) {
   return onednn_matmul_fits(a, b) ? onednn_matmul(a, b) : at::mm(a, b);

@@ -2,7 +2,6 @@
 
 #include <torch/autograd.h>
 
-#include "core/onednn_matmul.h"
 #include "models/im2col.h"
 
 namespace sd::models {
@@ -27,15 +26,16 @@ at::Tensor affine(const at::Tensor& w, const at::Tensor& x, const at::Tensor& bi
   return bias.defined() ? at::addmm(bias.unsqueeze(1), w, x) : at::mm(w, x);
 }
 
-// affine() with w and bias frozen: the backward computes only x's gradient, as wᵀ·dY from the contiguous wᵀ. Being
-// outside autograd, both products can run in oneDNN primitives kept per shape (core/onednn_matmul.h), which spares
-// at::mm's per-call overhead on the many small GEMMs of tiny models. oneDNN adds a bias per output column only, so
-// the forward computes the transpose, (xᵀ·wᵀ + bias)ᵀ: the same dot products, rounded once with the bias.
+// affine() with w and bias frozen: the backward computes only x's gradient, through the layer's FrozenWeight. Being
+// outside autograd, the forward product can run in a oneDNN primitive kept per shape (core/onednn_matmul.h), which
+// spares at::mm's per-call overhead on the many small GEMMs of tiny models. oneDNN adds a bias per output column
+// only, so the forward computes the transpose, (xᵀ·wᵀ + bias)ᵀ: the same dot products, rounded once with the bias.
 struct FrozenGemm : torch::autograd::Function<FrozenGemm> {
   // (An undefined tensor cannot be a Function's input, so a layer without bias passes none.)
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
-                            const c10::optional<at::Tensor>& bias, const at::Tensor& w_t) {
-    ctx->saved_data["w_t"] = w_t;
+                            const c10::optional<at::Tensor>& bias, const c10::intrusive_ptr<FrozenWeight>& frozen) {
+    ctx->saved_data["w"] = w;
+    ctx->saved_data["frozen"] = c10::IValue::make_capsule(frozen);
     const at::Tensor b = bias.value_or(at::Tensor());
     const at::Tensor x_t = x.t();
     if (onednn_linear_fits(x_t, w)) return onednn_linear(x_t, w, b).t();
@@ -43,7 +43,9 @@ struct FrozenGemm : torch::autograd::Function<FrozenGemm> {
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  const torch::autograd::variable_list& grads) {
-    return {sd::mm(ctx->saved_data["w_t"].toTensor(), grads[0]), at::Tensor(), at::Tensor(), at::Tensor()};
+    const auto frozen = c10::static_intrusive_pointer_cast<FrozenWeight>(ctx->saved_data["frozen"].toCapsule());
+    return {frozen->input_gradient(ctx->saved_data["w"].toTensor(), grads[0]), at::Tensor(), at::Tensor(),
+            at::Tensor()};
   }
 };
 
@@ -78,19 +80,25 @@ struct TransposedInputGradientGemm : torch::autograd::Function<TransposedInputGr
 
 }  // namespace
 
-const at::Tensor& FrozenWeightTranspose::of(const at::Tensor& weight) {
-  if (!transposed_.defined() || !weight.storage().is_alias_of(source_) || source_version_ != weight._version()) {
+at::Tensor FrozenWeight::input_gradient(const at::Tensor& w, const at::Tensor& dy) {
+  const at::Tensor dy_t = dy.t();
+  if (onednn_matmul_fits(dy_t, w)) return packed_.times(dy_t, w).t();
+  if (!transposed_.defined() || !w.storage().is_alias_of(source_) || source_version_ != w._version()) {
     at::NoGradGuard no_grad;
-    transposed_ = weight.reshape({weight.size(0), -1}).t().contiguous();
-    source_ = weight.storage();
-    source_version_ = weight._version();
+    transposed_ = w.t().contiguous();
+    source_ = w.storage();
+    source_version_ = w._version();
   }
-  return transposed_;
+  return sd::mm(transposed_, dy);
+}
+
+int64_t FrozenWeight::bytes() const {
+  return packed_.bytes() + (transposed_.defined() ? static_cast<int64_t>(transposed_.nbytes()) : 0);
 }
 
 // One GEMM: [Cout, Cin·kh·kw] x [Cin·kh·kw, N·H'·W'].
 at::Tensor conv2d_as_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, at::IntArrayRef stride,
-                          at::IntArrayRef padding, const at::Tensor& weight_t) {
+                          at::IntArrayRef padding, const c10::intrusive_ptr<FrozenWeight>& frozen) {
   const int64_t n = x.size(0), cout = weight.size(0), kh = weight.size(2), kw = weight.size(3);
   const int64_t oh = output_size(x.size(2), kh, stride[0], padding[0]),
                 ow = output_size(x.size(3), kw, stride[1], padding[1]);
@@ -101,8 +109,8 @@ at::Tensor conv2d_as_gemm(const at::Tensor& x, const at::Tensor& weight, const a
   const at::Tensor w = weight.reshape({cout, -1});
   const c10::optional<at::Tensor> maybe_bias = bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt;
   at::Tensor out;  // [Cout, N·H'·W']
-  if (weight_t.defined())
-    out = FrozenGemm::apply(flat, w, maybe_bias, weight_t);
+  if (frozen)
+    out = FrozenGemm::apply(flat, w, maybe_bias, frozen);
   else if (x.scalar_type() == at::kFloat && oh * ow <= kMostPixelsTransposedInputGradient)
     out = TransposedInputGradientGemm::apply(flat, w, maybe_bias);
   else
@@ -123,11 +131,12 @@ bool conv2d_runs_as_gemm(const at::Tensor& x, const at::Tensor& weight, at::IntA
 }
 
 at::Tensor conv2d(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, at::IntArrayRef stride,
-                  at::IntArrayRef padding, FrozenWeightTranspose* frozen) {
+                  at::IntArrayRef padding, const c10::intrusive_ptr<FrozenWeight>& frozen) {
   if (conv2d_runs_as_gemm(x, weight, stride, padding)) {
     const bool only_input_gradient = frozen && at::GradMode::is_enabled() && x.requires_grad() &&
                                      !weight.requires_grad() && !(bias.defined() && bias.requires_grad());
-    return conv2d_as_gemm(x, weight, bias, stride, padding, only_input_gradient ? frozen->of(weight) : at::Tensor());
+    return conv2d_as_gemm(x, weight, bias, stride, padding,
+                          only_input_gradient ? frozen : c10::intrusive_ptr<FrozenWeight>());
   }
   return at::conv2d(x, weight, bias, stride, padding, /*dilation=*/{1, 1});
 }

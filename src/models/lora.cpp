@@ -69,7 +69,7 @@ at::Tensor Conv2dImpl::forward(const at::Tensor& x) {
   const bool plain = padding && c10::get_if<torch::enumtype::kZeros>(&o.padding_mode()) && o.groups() == 1 &&
                      (*o.dilation())[0] == 1 && (*o.dilation())[1] == 1;
   const at::Tensor base =
-      plain ? conv2d(x, weight, bias, *o.stride(), **padding, &frozen_transpose_) : torch::nn::Conv2dImpl::forward(x);
+      plain ? conv2d(x, weight, bias, *o.stride(), **padding, frozen_weight_) : torch::nn::Conv2dImpl::forward(x);
   return add_adapter_outputs(x, base);
 }
 

@@ -74,14 +74,14 @@ class Conv2dImpl : public torch::nn::Conv2dImpl, public LoraHost {
   // of the SD models; LibTorch's module forward for anything else)
   at::Tensor forward(const at::Tensor& x);
   at::IntArrayRef base_weight_shape() const override { return weight.sizes(); }
-  // Bytes held by the frozen weight's transpose (models/conv2d.h), 0 unless trained through while frozen.
-  int64_t frozen_transpose_bytes() const { return frozen_transpose_.bytes(); }
+  // Bytes held for the frozen weight's input gradient (models/conv2d.h), 0 unless trained through while frozen.
+  int64_t frozen_weight_bytes() const { return frozen_weight_->bytes(); }
 
  private:
   at::Tensor& base_weight() override { return weight; }
   at::Tensor low_rank_output(const at::Tensor& x, const at::Tensor& down, const at::Tensor& up) const override;
 
-  FrozenWeightTranspose frozen_transpose_;
+  c10::intrusive_ptr<FrozenWeight> frozen_weight_ = c10::make_intrusive<FrozenWeight>();
 };
 TORCH_MODULE(Conv2d);
 

@@ -32,12 +32,16 @@ TEST_P(OnednnMatmulTest, MatchesAtenBitForBit) {
   ASSERT_TRUE(onednn_matmul_fits(a, b));
   ASSERT_TRUE(onednn_linear_fits(a, weight));
   const at::Tensor expected = c.bias ? at::addmm(bias, a, b) : at::mm(a, b);
-  for (int repeat = 0; repeat < 2; ++repeat) {  // the second call runs the kept primitive
+  PackedMatrix packed_b;
+  for (int repeat = 0; repeat < 2; ++repeat) {  // the second call runs the kept primitive (and packed b)
     for (const at::Tensor& got : {onednn_matmul(a, b, bias), onednn_linear(a, weight, bias)}) {
       EXPECT_EQ(got.sizes(), (at::IntArrayRef{c.m, c.n}));
       EXPECT_TRUE(got.is_contiguous());
       EXPECT_TRUE(at::equal(got, expected));
     }
+    const at::Tensor got = packed_b.times(a, b);
+    EXPECT_TRUE(got.is_contiguous());
+    EXPECT_TRUE(at::equal(got, at::mm(a, b)));
   }
 }
 
@@ -74,6 +78,31 @@ TEST(OnednnMatmul, LeavesAtenItsSmallProducts) {
   const at::Tensor a = at::randn({16, 16}).to(at::kBFloat16);
   EXPECT_FALSE(onednn_matmul_fits(a, at::randn({16, 16}).to(at::kBFloat16)));
   EXPECT_EQ(onednn_matmul_fits(a, at::randn({16, 17}).to(at::kBFloat16)), cpu_runs_bf16_in_onednn());
+}
+
+// The packed copy follows its matrix: written in place, replaced, laid out anew; and serves a's of any row count.
+TEST(PackedMatrix, RepacksWhenItsMatrixChanges) {
+  if (!cpu_runs_bf16_in_onednn()) GTEST_SKIP() << "this CPU runs bf16 outside oneDNN";
+  at::manual_seed(3);
+  at::Tensor b = at::randn({64, 48}).to(at::kBFloat16);
+  const at::Tensor a = at::randn({16, 64}).to(at::kBFloat16), taller = at::randn({40, 64}).to(at::kBFloat16);
+  PackedMatrix packed;
+  EXPECT_EQ(packed.bytes(), 0);
+  EXPECT_TRUE(at::equal(packed.times(a, b), at::mm(a, b)));
+  EXPECT_GE(packed.bytes(), b.nbytes());
+  EXPECT_TRUE(at::equal(packed.times(taller, b), at::mm(taller, b)));
+  b.mul_(-3);  // in place: a new version
+  EXPECT_TRUE(at::equal(packed.times(a, b), at::mm(a, b)));
+  b.set_data(at::randn({64, 48}).to(at::kBFloat16));  // new storage
+  EXPECT_TRUE(at::equal(packed.times(a, b), at::mm(a, b)));
+  const at::Tensor column_major = at::randn({48, 64}).to(at::kBFloat16).t();
+  EXPECT_TRUE(at::equal(packed.times(a, column_major), at::mm(a, column_major)));
+  const at::Tensor square = at::randn({64, 64}).to(at::kBFloat16);  // its transpose: same storage, other strides
+  EXPECT_TRUE(at::equal(packed.times(a, square), at::mm(a, square)));
+  EXPECT_TRUE(at::equal(packed.times(a, square.t()), at::mm(a, square.t())));
+  const at::Tensor storage = at::randn({2, 64, 48}).to(at::kBFloat16);  // same storage, another offset
+  EXPECT_TRUE(at::equal(packed.times(a, storage[0]), at::mm(a, storage[0])));
+  EXPECT_TRUE(at::equal(packed.times(a, storage[1]), at::mm(a, storage[1])));
 }
 
 // A row-major matrix of `rows` x `cols` bf16 values stored with `pad` more values per row, and op(X) of it.

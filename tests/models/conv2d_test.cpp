@@ -144,9 +144,9 @@ TEST(Conv2d, FrozenLayerTakesTheInputGradientFromItsKeptTranspose) {
       at::conv2d(x, conv->weight, conv->bias, 1, 1).backward(grad);
       return x.grad();
     };
-    EXPECT_EQ(conv->frozen_transpose_bytes(), 0);
+    EXPECT_EQ(conv->frozen_weight_bytes(), 0);
     EXPECT_TRUE(sd::test::close_rel_max(input_gradient(), reference_gradient(), tol));
-    EXPECT_EQ(conv->frozen_transpose_bytes(), conv->weight.nbytes());
+    EXPECT_GE(conv->frozen_weight_bytes(), conv->weight.nbytes());
     {
       torch::NoGradGuard no_grad;
       conv->weight.mul_(-2);  // e.g. a LoRA merged into the weight
@@ -158,7 +158,7 @@ TEST(Conv2d, FrozenLayerTakesTheInputGradientFromItsKeptTranspose) {
     Conv2d trained(torch::nn::Conv2dOptions(6, 5, 3).padding(1).bias(with_bias));
     trained->to(dtype);
     trained->forward(x0.detach().requires_grad_(true)).sum().backward();
-    EXPECT_EQ(trained->frozen_transpose_bytes(), 0);
+    EXPECT_EQ(trained->frozen_weight_bytes(), 0);
     EXPECT_TRUE(trained->weight.grad().defined());
     // The frozen layer's products (oneDNN's, for bf16) are those of the trainable one's at::addmm, to the bit.
     trained->weight.set_data(conv->weight.detach().clone());
