@@ -1,7 +1,8 @@
 // The GEMMs of the SD-1.5 UNet's transformer blocks at one resolution, as training runs them: forward (x W^T), input
 // gradient (dY W) and weight gradient (dY^T x), each against the square GEMM that `sdtrain benchmark` takes as the
 // machine's peak. Tells whether the step's linear layers lose to their shapes or to the rest of the step (caches,
-// memory traffic between ops). One JSON object per shape on stdout.
+// memory traffic between ops). In bf16 on a CPU that runs it in oneDNN, also forward and input gradient from the
+// weight packed once (core/onednn_matmul.h's PackedMatrix, as frozen layers can). One JSON object per shape on stdout.
 //   bench_gemm [--resolution 256] [--threads 2] [--dtype float32|bf16]
 #include <cstdio>
 #include <cstring>
@@ -9,6 +10,7 @@
 #include <string>
 
 #include "bench_util.h"
+#include "core/onednn_matmul.h"
 #include "core/threads.h"
 
 namespace {
@@ -32,6 +34,10 @@ std::vector<Shape> transformer_shapes(int64_t resolution) {
     shapes.push_back({"ff.out" + at, tokens, 4 * c, c});
     shapes.push_back({"context to_k/v" + at, 77, 768, c});
   }
+  // The 3x3 convolutions of 1280 channels at the two lowest levels as the GEMM convolution runs them: one row per
+  // pixel, Cin·9 = 11520 inputs.
+  for (const int64_t side : {latent / 4, latent / 8})
+    shapes.push_back({"conv 3x3 at " + std::to_string(side) + "x" + std::to_string(side), side * side, 11520, 1280});
   return shapes;
 }
 
@@ -59,16 +65,23 @@ int main(int argc, char** argv) {
     const auto forward = sd::bench::time_it([&] { at::mm(x, w.t()); }, 3, 9);
     const auto input_grad = sd::bench::time_it([&] { at::mm(dy, w); }, 3, 9);
     const auto weight_grad = sd::bench::time_it([&] { at::mm(dy.t(), x); }, 3, 9);
-    const nlohmann::json line = {{"layer", s.layer},
-                                 {"rows", s.rows},
-                                 {"in", s.in},
-                                 {"out", s.out},
-                                 {"dtype", dtype_name},
-                                 {"threads", threads},
-                                 {"square_peak_gflops", peak},
-                                 {"forward_gflops", gflops(flops, forward)},
-                                 {"input_grad_gflops", gflops(flops, input_grad)},
-                                 {"weight_grad_gflops", gflops(flops, weight_grad)}};
+    nlohmann::json line = {{"layer", s.layer},
+                           {"rows", s.rows},
+                           {"in", s.in},
+                           {"out", s.out},
+                           {"dtype", dtype_name},
+                           {"threads", threads},
+                           {"square_peak_gflops", peak},
+                           {"forward_gflops", gflops(flops, forward)},
+                           {"input_grad_gflops", gflops(flops, input_grad)},
+                           {"weight_grad_gflops", gflops(flops, weight_grad)}};
+    if (sd::onednn_matmul_fits(x, w.t())) {  // a frozen layer's products from its weight packed once
+      sd::PackedMatrix forward_weight, input_grad_weight;
+      const auto forward_packed = sd::bench::time_it([&] { forward_weight.times(x, w.t()); }, 3, 9);
+      const auto input_grad_packed = sd::bench::time_it([&] { input_grad_weight.times(dy, w); }, 3, 9);
+      line["forward_packed_gflops"] = gflops(flops, forward_packed);
+      line["input_grad_packed_gflops"] = gflops(flops, input_grad_packed);
+    }
     std::printf("%s\n", line.dump().c_str());
   }
 }
