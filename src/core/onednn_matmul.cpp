@@ -119,10 +119,6 @@ void gemm_bf16_into(char trans_a, char trans_b, int64_t m, int64_t n, int64_t k,
   run(matmul_for({m, n, k, as[0], as[1], bs[0], bs[1], ldc, false, float_output, accumulate, alpha}), a, b, nullptr, c);
 }
 
-}  // namespace
-
-namespace {
-
 bool bf16_cpu_matrix(const at::Tensor& t) { return t.dim() == 2 && t.scalar_type() == at::kBFloat16 && t.is_cpu(); }
 
 bool product_fits(const Operand& a, const Operand& b) {

@@ -14,8 +14,8 @@ namespace sd::models {
 
 // What a frozen convolution keeps of its weight for its input gradient, wᵀ·dY: training through frozen layers
 // (textual inversion, LoRA) needs only that gradient. In bf16, on a CPU that runs bf16 in oneDNN, the weight packed
-// for the product (dYᵀ·w)ᵀ (core/onednn_matmul.h): SD-1.5's 3x3 convolutions of 1280 channels at 4x4 ran it at
-// 116 GFLOP/s as wᵀ·dY from a plain copy and 265 packed, at 8x8 258 and 362. Otherwise the weight's transpose
+// for the product (dYᵀ·w)ᵀ (core/onednn_matmul.h): SD-1.5's 3x3 convolutions of 1280 channels run it at 147 GFLOP/s
+// from the plain weight and 316 packed at 4x4, 290 and 400 at 8x8 (bench_gemm). Otherwise the weight's transpose
 // [Cin·kh·kw, Cout] made contiguous, which the GEMM runs 1.3-2.2x faster than the transposed view at those sizes.
 // Either costs the weight's size again and is remade when the weight changes; full training never makes one.
 // Held by its layer and by the autograd graph until the backward has run (hence reference-counted).
