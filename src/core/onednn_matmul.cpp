@@ -129,17 +129,27 @@ bool product_fits(const Operand& a, const Operand& b) {
          matrix_strides(b) && cpu_runs_bf16_in_onednn();
 }
 
-at::Tensor product(const Operand& a, const Operand& b, const at::Tensor& bias) {
+at::Tensor as_bf16(const at::Tensor& t) {
+  return t.scalar_type() == at::kBFloat16 && t.is_contiguous() ? t : t.to(at::kBFloat16).contiguous();
+}
+
+// Where a product's bias goes: [N] along every row (oneDNN's own bias), or [M] down every column, the output then
+// starting as the bias with the product summed onto it, as LibTorch's addmm does (oneDNN adds a bias per row only
+// in its reference kernel, 1000x slower).
+enum class Bias { kAlongRows, kDownColumns };
+
+at::Tensor product(const Operand& a, const Operand& b, const at::Tensor& bias, Bias where = Bias::kAlongRows) {
   // What at::mm would show the profiler (perf/op_profiler.h: the linear class and its FLOPs), with b as given and
   // whether that is its transpose.
   RECORD_USER_SCOPE_WITH_INPUTS("sdtrain::mm", std::vector<c10::IValue>({a.tensor, b.tensor, b.is_transposed}));
   const int64_t m = a.rows, k = a.cols, n = b.cols;
   const auto as = *matrix_strides(a), bs = *matrix_strides(b);
-  const bool bias_ready = !bias.defined() || (bias.scalar_type() == at::kBFloat16 && bias.is_contiguous());
-  const at::Tensor bias_bf16 = bias_ready ? bias : bias.to(at::kBFloat16).contiguous();
-  at::Tensor c = at::empty({m, n}, a.tensor.options());
-  run(matmul_for({m, n, k, as[0], as[1], bs[0], bs[1], n, bias.defined(), false, false, 1.f}), a.tensor.data_ptr(),
-      b.tensor.data_ptr(), bias.defined() ? bias_bf16.data_ptr() : nullptr, c.data_ptr());
+  const at::Tensor bias_bf16 = bias.defined() ? as_bf16(bias) : bias;
+  const bool along_rows = bias.defined() && where == Bias::kAlongRows;
+  const bool onto_bias = bias.defined() && where == Bias::kDownColumns;
+  at::Tensor c = onto_bias ? bias_bf16.unsqueeze(1).expand({m, n}).contiguous() : at::empty({m, n}, a.tensor.options());
+  run(matmul_for({m, n, k, as[0], as[1], bs[0], bs[1], n, along_rows, false, onto_bias, 1.f}), a.tensor.data_ptr(),
+      b.tensor.data_ptr(), along_rows ? bias_bf16.data_ptr() : nullptr, c.data_ptr());
   return c;
 }
 
@@ -151,6 +161,12 @@ bool onednn_matmul_fits(const at::Tensor& a, const at::Tensor& b) {
 
 at::Tensor onednn_matmul(const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias) {
   return product(as_is(a), as_is(b), bias);
+}
+
+at::Tensor onednn_addmm(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b) {
+  SD_CHECK(bias.dim() == 1 && bias.size(0) == a.size(0), "onednn_addmm: expected a bias of {} values, got [{}]",
+           a.size(0), fmt::join(bias.sizes(), ", "));
+  return product(as_is(a), as_is(b), bias, Bias::kDownColumns);
 }
 
 bool onednn_linear_fits(const at::Tensor& x, const at::Tensor& weight) {

@@ -20,6 +20,11 @@ bool onednn_matmul_fits(const at::Tensor& a, const at::Tensor& b);
 // The operands must fit (onednn_matmul_fits); the result is a new contiguous [M, N] tensor.
 at::Tensor onednn_matmul(const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias = {});
 
+// a·b plus `bias` [M] down every column, as at::addmm(bias.unsqueeze(1), a, b) computes it, to the bit, for b of
+// two columns or more (with one, at::addmm's own result depends on a's layout): a GEMM convolution's weight times
+// its columns, plus its bias. The operands must fit (onednn_matmul_fits).
+at::Tensor onednn_addmm(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b);
+
 // The same for a linear layer's x·weightᵀ + bias, x [M, K] and weight [N, K], without building weight's transposed
 // view: onednn_linear(x, w, bias) is onednn_matmul(x, w.t(), bias).
 bool onednn_linear_fits(const at::Tensor& x, const at::Tensor& weight);

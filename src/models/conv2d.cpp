@@ -21,25 +21,28 @@ int64_t output_size(int64_t in, int64_t kernel, int64_t stride, int64_t padding)
   return (in + 2 * padding - kernel) / stride + 1;
 }
 
-// w·x + bias (bias [rows] or undefined).
+// w·x + bias (bias [rows] or undefined). Where autograd records nothing (inference, or inside a Function's forward),
+// bf16 runs in a oneDNN primitive kept per shape (core/onednn_matmul.h), with at::addmm's bits but without its
+// per-call overhead, which dominates the many small GEMMs of tiny models (a single pixel stays with at::addmm, whose
+// bits there depend on layouts).
 at::Tensor affine(const at::Tensor& w, const at::Tensor& x, const at::Tensor& bias) {
+  const bool recorded = at::GradMode::is_enabled() &&
+                        (w.requires_grad() || x.requires_grad() || (bias.defined() && bias.requires_grad()));
+  if (!recorded && x.size(1) > 1 && onednn_matmul_fits(w, x))
+    return bias.defined() ? onednn_addmm(bias, w, x) : onednn_matmul(w, x);
   return bias.defined() ? at::addmm(bias.unsqueeze(1), w, x) : at::mm(w, x);
 }
 
 // affine() with w and bias frozen: the backward computes only x's gradient, through the layer's FrozenWeight. Being
-// outside autograd, the forward product can run in a oneDNN primitive kept per shape (core/onednn_matmul.h), which
-// spares at::mm's per-call overhead on the many small GEMMs of tiny models. oneDNN adds a bias per output column
-// only, so the forward computes the transpose, (xᵀ·wᵀ + bias)ᵀ: the same dot products, rounded once with the bias.
+// outside autograd, the forward product runs in a kept oneDNN primitive. (Computed as its transpose, (xᵀ·wᵀ + bias)ᵀ,
+// where oneDNN adds the bias itself, it ran 20-40% slower on SD-1.5's 4x4 and 8x8 maps and rounded differently there.)
 struct FrozenGemm : torch::autograd::Function<FrozenGemm> {
   // (An undefined tensor cannot be a Function's input, so a layer without bias passes none.)
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
                             const c10::optional<at::Tensor>& bias, const c10::intrusive_ptr<FrozenWeight>& frozen) {
     ctx->saved_data["w"] = w;
     ctx->saved_data["frozen"] = c10::IValue::make_capsule(frozen);
-    const at::Tensor b = bias.value_or(at::Tensor());
-    const at::Tensor x_t = x.t();
-    if (onednn_linear_fits(x_t, w)) return onednn_linear(x_t, w, b).t();
-    return affine(w, x, b);
+    return affine(w, x, bias.value_or(at::Tensor()));
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  const torch::autograd::variable_list& grads) {

@@ -42,6 +42,12 @@ TEST_P(OnednnMatmulTest, MatchesAtenBitForBit) {
     const at::Tensor got = packed_b.times(a, b);
     EXPECT_TRUE(got.is_contiguous());
     EXPECT_TRUE(at::equal(got, at::mm(a, b)));
+    // A bias down the columns (a GEMM convolution's), as at::addmm broadcasts a [M, 1] one (whose bits for a single
+    // column depend on a's layout).
+    const at::Tensor column_bias = at::randn({c.m}).to(at::kBFloat16);
+    const at::Tensor got_column = onednn_addmm(column_bias, a, b);
+    EXPECT_TRUE(got_column.is_contiguous());
+    if (c.n > 1) EXPECT_TRUE(at::equal(got_column, at::addmm(column_bias.unsqueeze(1), a, b)));
   }
 }
 
@@ -49,7 +55,19 @@ INSTANTIATE_TEST_SUITE_P(Layouts, OnednnMatmulTest,
                          ::testing::Values(Case{512, 64, 64, false, true, true}, Case{512, 64, 64, false, false, false},
                                            Case{64, 512, 96, true, false, false}, Case{33, 17, 8, true, true, true},
                                            Case{1, 32, 129, false, true, true}, Case{2048, 1, 3, false, false, true},
-                                           Case{200, 24, 1, true, false, false}));
+                                           Case{200, 24, 1, true, false, false},
+                                           // SD-1.5's GEMM convolutions on 4x4 maps have this form: long K, few columns
+                                           Case{640, 5760, 16, false, false, true}));
+
+TEST(OnednnMatmul, NamesAColumnBiasOfTheWrongSize) {
+  const at::Tensor a = at::randn({64, 16}).to(at::kBFloat16), b = at::randn({16, 8}).to(at::kBFloat16);
+  try {
+    onednn_addmm(at::zeros({8}, at::kBFloat16), a, b);
+    FAIL() << "expected an error";
+  } catch (const std::exception& e) {
+    EXPECT_STREQ(e.what(), "onednn_addmm: expected a bias of 64 values, got [8]");
+  }
+}
 
 TEST(OnednnMatmul, KeepsTwoShapesApart) {
   if (!cpu_runs_bf16_in_onednn()) GTEST_SKIP() << "this CPU runs bf16 outside oneDNN";
