@@ -1,13 +1,19 @@
 // The GEMMs of the SD-1.5 UNet's transformer blocks at one resolution, as training runs them: forward (x W^T), input
 // gradient (dY W) and weight gradient (dY^T x), each against the square GEMM that `sdtrain benchmark` takes as the
-// machine's peak. Tells whether the step's linear layers lose to their shapes or to the rest of the step (caches,
-// memory traffic between ops). In bf16 on a CPU that runs it in oneDNN, also forward and input gradient from the
-// weight packed once (core/onednn_matmul.h's PackedMatrix, as frozen layers can). One JSON object per shape on stdout.
-//   bench_gemm [--resolution 256] [--threads 2] [--dtype float32|bf16]
+// machine's peak; and the 1280-channel 3x3 convolutions of the two lowest levels as models/conv2d.cpp's GEMM runs
+// them (forward W·columns + bias, input gradient Wᵀ·dY, weight gradient dY·columnsᵀ). Tells whether the step's
+// products lose to their shapes or to the rest of the step. In bf16 on a CPU that runs it in oneDNN, also the frozen
+// layers' products (core/onednn_matmul.h: the weight packed once, a kept primitive). One JSON object per shape.
+//
+// --cold evicts the caches before every timed product (by writing a buffer of 4x the last-level cache), as in a
+// training step, where each weight is read once per pass and the model's weights are far larger than the cache;
+// without it the weights stay cached from one repeat to the next.
+//   bench_gemm [--resolution 256] [--threads 2] [--dtype float32|bf16] [--cold]
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <unistd.h>
 
 #include "bench_util.h"
 #include "core/onednn_matmul.h"
@@ -17,7 +23,8 @@ namespace {
 
 struct Shape {
   std::string layer;
-  int64_t rows, in, out;  // tokens x in_features -> out_features
+  int64_t rows, in, out;  // tokens x in_features -> out_features (a convolution: pixels x Cin·9 -> Cout)
+  bool conv = false;
 };
 
 // Per attention level of SD-1.5 (channels 320, 640, 1280 at latent/1, /2, /4): q, k, v and out projections, GEGLU's
@@ -34,22 +41,65 @@ std::vector<Shape> transformer_shapes(int64_t resolution) {
     shapes.push_back({"ff.out" + at, tokens, 4 * c, c});
     shapes.push_back({"context to_k/v" + at, 77, 768, c});
   }
-  // The 3x3 convolutions of 1280 channels at the two lowest levels as the GEMM convolution runs them: one row per
-  // pixel, Cin·9 = 11520 inputs.
+  // The 3x3 convolutions of 1280 channels at the two lowest levels: Cin·9 = 11520 inputs per pixel.
   for (const int64_t side : {latent / 4, latent / 8})
-    shapes.push_back({"conv 3x3 at " + std::to_string(side) + "x" + std::to_string(side), side * side, 11520, 1280});
+    shapes.push_back(
+        {"conv 3x3 at " + std::to_string(side) + "x" + std::to_string(side), side * side, 11520, 1280, true});
   return shapes;
 }
 
-double gflops(double flops, const sd::bench::Timing& t) { return flops / t.median_s / 1e9; }
+// The products of one shape: as autograd runs them in training, and as a frozen layer runs them (bf16 in oneDNN).
+struct Products {
+  std::function<void()> forward, input_grad, weight_grad, frozen_forward, frozen_input_grad;
+};
+
+Products linear_products(const Shape& s, const at::TensorOptions& options) {
+  const at::Tensor x = at::randn({s.rows, s.in}, options), w = at::randn({s.out, s.in}, options);
+  const at::Tensor dy = at::randn({s.rows, s.out}, options);
+  Products p;
+  p.forward = [=] { at::mm(x, w.t()); };
+  p.input_grad = [=] { at::mm(dy, w); };
+  p.weight_grad = [=] { at::mm(dy.t(), x); };
+  if (sd::onednn_matmul_fits(x, w.t())) {  // from the weight packed once, per orientation
+    auto forward_weight = std::make_shared<sd::PackedMatrix>(),
+         input_grad_weight = std::make_shared<sd::PackedMatrix>();
+    p.frozen_forward = [=] { forward_weight->times(x, w.t()); };
+    p.frozen_input_grad = [=] { input_grad_weight->times(dy, w); };
+  }
+  return p;
+}
+
+Products conv_products(const Shape& s, const at::TensorOptions& options) {
+  const at::Tensor columns = at::randn({s.in, s.rows}, options), w = at::randn({s.out, s.in}, options);
+  const at::Tensor bias = at::randn({s.out}, options), dy = at::randn({s.out, s.rows}, options);
+  Products p;
+  p.forward = [=] { at::addmm(bias.unsqueeze(1), w, columns); };
+  p.input_grad = [=] { at::mm(w.t(), dy); };
+  p.weight_grad = [=] { at::mm(dy, columns.t()); };
+  if (sd::onednn_matmul_fits(w, columns)) {  // a kept primitive forward; the input gradient as FrozenWeight takes it
+    auto packed = std::make_shared<sd::PackedMatrix>();
+    p.frozen_forward = [=] { sd::onednn_addmm(bias, w, columns); };
+    p.frozen_input_grad = [=] { packed->times(dy.t(), w); };
+  }
+  return p;
+}
+
+// A buffer of 4x the last-level cache (64 MiB if the system does not say), written in full to evict the caches.
+at::Tensor cache_evicting_buffer() {
+  const long last_level = std::max({sysconf(_SC_LEVEL3_CACHE_SIZE), sysconf(_SC_LEVEL2_CACHE_SIZE), 0L});
+  return at::zeros({last_level > 0 ? 4 * last_level : int64_t{64} << 20}, at::kByte);
+}
 
 }  // namespace
 
 int main(int argc, char** argv) {
   int64_t resolution = 256;
   int threads = 2;
+  bool cold = false;
   std::string dtype_name = "float32";
-  for (int i = 1; i + 1 < argc; i += 2) {
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--cold")) cold = true;
+    if (i + 1 == argc) break;
     if (!std::strcmp(argv[i], "--resolution")) resolution = std::atoll(argv[i + 1]);
     if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--dtype")) dtype_name = argv[i + 1];
@@ -57,30 +107,29 @@ int main(int argc, char** argv) {
   sd::set_compute_threads(threads);
   const at::ScalarType dtype = sd::bench::dtype_from_name(dtype_name);
   const double peak = sd::perf::gemm_gflops(dtype);
+  at::Tensor evict = cold ? cache_evicting_buffer() : at::Tensor();
+  const std::function<void()> before_each = cold ? std::function<void()>([&] { evict.add_(1); }) : nullptr;
+  auto gflops_of = [&](const std::function<void()>& product, double flops) {
+    return flops / sd::bench::time_it(product, 3, 9, before_each).median_s / 1e9;
+  };
   for (const Shape& s : transformer_shapes(resolution)) {
     const auto options = at::TensorOptions().dtype(dtype);
-    const at::Tensor x = at::randn({s.rows, s.in}, options), w = at::randn({s.out, s.in}, options);
-    const at::Tensor dy = at::randn({s.rows, s.out}, options);
+    const Products p = s.conv ? conv_products(s, options) : linear_products(s, options);
     const double flops = 2.0 * static_cast<double>(s.rows * s.in * s.out);
-    const auto forward = sd::bench::time_it([&] { at::mm(x, w.t()); }, 3, 9);
-    const auto input_grad = sd::bench::time_it([&] { at::mm(dy, w); }, 3, 9);
-    const auto weight_grad = sd::bench::time_it([&] { at::mm(dy.t(), x); }, 3, 9);
     nlohmann::json line = {{"layer", s.layer},
                            {"rows", s.rows},
                            {"in", s.in},
                            {"out", s.out},
                            {"dtype", dtype_name},
                            {"threads", threads},
+                           {"cold", cold},
                            {"square_peak_gflops", peak},
-                           {"forward_gflops", gflops(flops, forward)},
-                           {"input_grad_gflops", gflops(flops, input_grad)},
-                           {"weight_grad_gflops", gflops(flops, weight_grad)}};
-    if (sd::onednn_matmul_fits(x, w.t())) {  // a frozen layer's products from its weight packed once
-      sd::PackedMatrix forward_weight, input_grad_weight;
-      const auto forward_packed = sd::bench::time_it([&] { forward_weight.times(x, w.t()); }, 3, 9);
-      const auto input_grad_packed = sd::bench::time_it([&] { input_grad_weight.times(dy, w); }, 3, 9);
-      line["forward_packed_gflops"] = gflops(flops, forward_packed);
-      line["input_grad_packed_gflops"] = gflops(flops, input_grad_packed);
+                           {"forward_gflops", gflops_of(p.forward, flops)},
+                           {"input_grad_gflops", gflops_of(p.input_grad, flops)},
+                           {"weight_grad_gflops", gflops_of(p.weight_grad, flops)}};
+    if (p.frozen_forward) {
+      line["frozen_forward_gflops"] = gflops_of(p.frozen_forward, flops);
+      line["frozen_input_grad_gflops"] = gflops_of(p.frozen_input_grad, flops);
     }
     std::printf("%s\n", line.dump().c_str());
   }

@@ -34,11 +34,14 @@ struct Timing {
   std::vector<double> samples_s;
 };
 
-// Runs `fn` `warmup` times untimed, then `repeats` times timed.
-inline Timing time_it(const std::function<void()>& fn, int warmup, int repeats) {
+// Runs `fn` `warmup` times untimed, then `repeats` times timed, each timed run after an untimed `before_each` (if
+// given).
+inline Timing time_it(const std::function<void()>& fn, int warmup, int repeats,
+                      const std::function<void()>& before_each = {}) {
   for (int i = 0; i < warmup; ++i) fn();
   Timing t;
   for (int i = 0; i < repeats; ++i) {
+    if (before_each) before_each();
     auto start = std::chrono::steady_clock::now();
     fn();
     t.samples_s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
