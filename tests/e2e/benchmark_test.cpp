@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 
 #include "models/unet/unet_2d_condition.h"
@@ -186,6 +187,54 @@ TEST(BenchmarkE2E, BadInput) {
   EXPECT_TRUE(sd::test::is_one_line_error(
       sharded, "--sharding and --gradient_accumulation_steps are for training tasks, not --task generate"))
       << sharded.output;
+}
+
+// bench/ab, the before/after comparison every speed change in docs/benchmarks.md is measured with: it alternates
+// the two binaries, prints each round, then the medians and their ratio; a bad argument or a failing run stops it.
+TEST(BenchmarkE2E, AbAlternatesTwoBuildsAndComparesTheirMedians) {
+  const std::string ab = (sd::test::fixtures().parent_path().parent_path() / "bench" / "ab").string();
+  const std::string binary = sd::test::sdtrain_binary();
+  std::vector<std::string> command = {ab, "--rounds", "2", binary, binary, "--"};
+  for (const std::string& arg : benchmark({"--task=textual-inversion"})) command.push_back(arg);
+  command.erase(command.begin() + 6, command.begin() + 8);  // bench/ab runs `BINARY benchmark` itself
+  auto r = sd::test::run_process(command, 300s);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::regex round(
+      R"(round (\d): before ([0-9.]+) s/step \(([0-9.]+) GiB\), after ([0-9.]+) s/step \([0-9.]+ GiB\))");
+  std::vector<double> before, after;
+  std::istringstream lines(r.output);
+  for (std::string line; std::getline(lines, line);) {
+    std::smatch m;
+    if (!std::regex_match(line, m, round)) continue;
+    EXPECT_EQ(std::stoi(m[1]), static_cast<int>(before.size()) + 1) << line;
+    EXPECT_GT(std::stod(m[3]), 0) << line;
+    before.push_back(std::stod(m[2]));
+    after.push_back(std::stod(m[4]));
+  }
+  ASSERT_EQ(before.size(), 2u) << r.output;
+  std::smatch median;
+  ASSERT_TRUE(std::regex_search(
+      r.output, median,
+      std::regex(R"(median: before ([0-9.]+) s/step, after ([0-9.]+) s/step, after/before ([0-9.]+))")))
+      << r.output;
+  EXPECT_NEAR(std::stod(median[1]), (before[0] + before[1]) / 2, 1e-4) << r.output;
+  EXPECT_NEAR(std::stod(median[2]), (after[0] + after[1]) / 2, 1e-4) << r.output;
+  EXPECT_NEAR(std::stod(median[3]), std::stod(median[2]) / std::stod(median[1]), 1e-3) << r.output;
+
+  auto missing = sd::test::run_process({ab, binary, "/nonexistent/sdtrain", "--", "--task=unet"}, 60s);
+  EXPECT_EQ(missing.exit_code, 2);
+  EXPECT_NE(missing.output.find("bench/ab: /nonexistent/sdtrain is not an executable sdtrain binary"),
+            std::string::npos)
+      << missing.output;
+  auto rounds = sd::test::run_process({ab, "--rounds", "0", binary, binary, "--"}, 60s);
+  EXPECT_EQ(rounds.exit_code, 2);
+  EXPECT_NE(rounds.output.find("--rounds expects a positive whole number, got '0'"), std::string::npos)
+      << rounds.output;
+  auto failing = sd::test::run_process({ab, binary, binary, "--", "--task=nope"}, 60s);
+  EXPECT_EQ(failing.exit_code, 1);
+  EXPECT_NE(failing.output.find("benchmark failed"), std::string::npos) << failing.output;
+  EXPECT_NE(failing.output.find("--task: nope not in {unet,textual-inversion,generate}"), std::string::npos)
+      << failing.output;
 }
 
 }  // namespace
