@@ -15,15 +15,17 @@ namespace {
 
 using namespace std::chrono_literals;
 
+// The flags of a quick tiny-sd1 run, then `args`.
+std::vector<std::string> tiny_benchmark_flags(const std::vector<std::string>& args) {
+  std::vector<std::string> flags = {"--model=" + (sd::test::fixtures() / "tiny-sd1").string(), "--resolution=64",
+                                    "--steps=2", "--warmup=1", "--threads=1"};
+  flags.insert(flags.end(), args.begin(), args.end());
+  return flags;
+}
+
 std::vector<std::string> benchmark(const std::vector<std::string>& args) {
-  std::vector<std::string> command = {sd::test::sdtrain_binary(),
-                                      "benchmark",
-                                      "--model=" + (sd::test::fixtures() / "tiny-sd1").string(),
-                                      "--resolution=64",
-                                      "--steps=2",
-                                      "--warmup=1",
-                                      "--threads=1"};
-  command.insert(command.end(), args.begin(), args.end());
+  std::vector<std::string> command = {sd::test::sdtrain_binary(), "benchmark"};
+  for (const std::string& flag : tiny_benchmark_flags(args)) command.push_back(flag);
   return command;
 }
 
@@ -195,8 +197,7 @@ TEST(BenchmarkE2E, AbAlternatesTwoBuildsAndComparesTheirMedians) {
   const std::string ab = (sd::test::fixtures().parent_path().parent_path() / "bench" / "ab").string();
   const std::string binary = sd::test::sdtrain_binary();
   std::vector<std::string> command = {ab, "--rounds", "2", binary, binary, "--"};
-  for (const std::string& arg : benchmark({"--task=textual-inversion"})) command.push_back(arg);
-  command.erase(command.begin() + 6, command.begin() + 8);  // bench/ab runs `BINARY benchmark` itself
+  for (const std::string& flag : tiny_benchmark_flags({"--task=textual-inversion"})) command.push_back(flag);
   auto r = sd::test::run_process(command, 300s);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const std::regex round(
