@@ -24,6 +24,8 @@ import time
 import torch
 from diffusers import AutoencoderKL, PNDMScheduler, StableDiffusionPipeline, UNet2DConditionModel
 
+from process_memory import reset_peak_rss, peak_rss_gib  # beside this script
+
 
 def sd15_pipeline(dtype):
     # runwayml/stable-diffusion-v1-5 unet/config.json and vae/config.json; the rest are the classes' defaults.
@@ -42,17 +44,6 @@ def sd15_pipeline(dtype):
     pipe = StableDiffusionPipeline(vae=vae, text_encoder=None, tokenizer=None, unet=unet, scheduler=scheduler,
                                    safety_checker=None, feature_extractor=None, requires_safety_checker=False)
     return pipe.to(dtype=dtype)
-
-
-def reset_peak_rss():
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-
-
-def peak_rss_gib():
-    with open("/proc/self/status") as f:
-        kib = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
-    return kib / 2**20
 
 
 def main():

@@ -25,11 +25,7 @@ import torch
 import torch.nn.functional as F
 from diffusers import DDPMScheduler, UNet2DConditionModel
 
-
-def peak_rss_gib():
-    with open("/proc/self/status") as f:
-        kib = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
-    return kib / 2**20
+from process_memory import peak_rss_gib  # beside this script
 
 
 def main():
