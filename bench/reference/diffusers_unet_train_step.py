@@ -7,8 +7,8 @@ weight decay 1e-2, eps 1e-8), DDPM noise (SD-1.5's scheduler config), epsilon ta
 --warmup), and the process's peak RSS.
 
 Like `sdtrain benchmark --task unet` it measures the UNet alone: the latents and the text embeddings are random
-tensors, so neither the VAE nor CLIP runs (the script runs both on every step; at 256² and batch 1 they are a few
-percent of it).
+tensors, so neither the VAE nor CLIP runs. (The script encodes every batch with both, without gradients: at 256² the
+VAE encoder alone is ~0.27 TFLOP, half again this step's 0.54.)
 
 Needs Debian's python3-torch (the same PyTorch 1.13.1 source as libtorch-dev), diffusers 0.24.0's and
 huggingface_hub 0.19.4's sources (git tags v0.24.0 and v0.19.4, their src/ folders) and bench/reference/stand-ins:
