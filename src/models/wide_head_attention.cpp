@@ -183,50 +183,46 @@ void block_scores(const Problem& p, const Block& blk, const T* q, const T* k, fl
 // the same bits; padding q kᵀ's inner dimension instead slows it down (7.54 -> 8.55 ms).
 struct ChannelColumns {
   at::Tensor rows;
-  int64_t width;  // channels per row in `rows`: d, or d padded
+  int64_t width;       // channels per row in `rows`: d, or d padded
+  at::Tensor scratch;  // padded only: each thread's output rows [threads, block_rows, width]
 
   static ChannelColumns of(const at::Tensor& kernel_rows, const Problem& p) {
-    if (!p.heads_first || p.d % 16 == 0) return {kernel_rows, p.d};
+    if (!p.heads_first || p.d % 16 == 0) return {kernel_rows, p.d, at::Tensor()};
     const int64_t width = (p.d + 15) / 16 * 16;
-    at::Tensor padded = at::zeros({kernel_rows.size(0), kernel_rows.size(1), width}, kernel_rows.options());
-    padded.narrow(2, 0, p.d).copy_(kernel_rows);
-    return {padded, width};
+    return {at::constant_pad_nd(kernel_rows, {0, width - p.d}), width,
+            at::empty({at::get_num_threads(), p.block_rows, width}, kernel_rows.options())};
+  }
+  template <typename T>
+  T* scratch_of(int thread) const {
+    return scratch.data_ptr<T>() + thread * scratch.size(1) * width;
   }
 };
 
 // A·B into the block's `rows` x d output rows at `out` (leading dimension ld), A [rows, keys] and B head (b, h) of
-// `columns`: directly where the columns are not padded, else through `scratch` ([rows, width]), from which the d
+// `columns`: directly where the columns are not padded, else through the thread's scratch rows, from which the d
 // channels are copied.
 template <typename T>
 void times_channel_columns(const Problem& p, const Block& blk, float alpha, const T* a, const ChannelColumns& columns,
-                           T* scratch, T* out, int64_t ld) {
+                           int thread, T* out, int64_t ld) {
   T* const rows = columns.rows.data_ptr<T>();
   if (columns.width == p.d) {
     gemm('N', 'N', blk.rows, p.d, p.keys, alpha, a, p.keys, blk.keys_of(rows, p), ld, 0.f, out, ld);
     return;
   }
   const T* b = rows + (blk.b * p.heads + blk.h) * p.keys * columns.width;  // the padded copy is heads-first
+  T* scratch = columns.scratch_of<T>(thread);
   gemm('N', 'N', blk.rows, columns.width, p.keys, alpha, a, p.keys, b, columns.width, 0.f, scratch, columns.width);
   for (int64_t r = 0; r < blk.rows; ++r) std::copy_n(scratch + r * columns.width, p.d, out + r * ld);
-}
-
-// Each thread's output rows for times_channel_columns: [threads, block_rows, width], or none if not padded.
-at::Tensor output_scratch(const Problem& p, const ChannelColumns& columns, const at::TensorOptions& options) {
-  return columns.width == p.d ? at::Tensor() : at::empty({at::get_num_threads(), p.block_rows, columns.width}, options);
-}
-template <typename T>
-T* scratch_of(const at::Tensor& scratch, int thread) {
-  return scratch.defined() ? scratch.data_ptr<T>() + thread * scratch.size(1) * scratch.size(2) : nullptr;
 }
 
 // One block: its probabilities softmax(q kᵀ · scale) into `probs` [rows, keys] (the scores in `scores` on the way),
 // their rows' statistics into `stats` (or not, if null), then its output rows, the probabilities times v, into `out`.
 template <typename T>
 void forward_block(const Problem& p, const Block& blk, const T* q, const T* k, const ChannelColumns& v, float* scores,
-                   T* probs, RowStats* stats, T* scratch, T* out) {
+                   T* probs, RowStats* stats, int thread, T* out) {
   block_scores(p, blk, q, k, scores);
   softmax_rows(p, scores, probs, blk.rows, stats);
-  times_channel_columns(p, blk, 1.f, probs, v, scratch, blk.queries_of(out, p), p.row_stride());
+  times_channel_columns(p, blk, 1.f, probs, v, thread, blk.queries_of(out, p), p.row_stride());
 }
 
 // The layout the products read q, k, v and d_out in, from the model's [B, L, heads*d]. oneDNN's bf16 products take
@@ -267,7 +263,6 @@ class WideHeadAttention : public torch::autograd::Function<WideHeadAttention> {
                            ? at::empty({p.batch * heads, p.queries, 2}, q.options().dtype(at::kFloat))
                            : at::Tensor();
     const ChannelColumns v_columns = ChannelColumns::of(v, p);
-    const at::Tensor scratch = output_scratch(p, v_columns, q.options());
     with_element_type(q.scalar_type(), [&](auto zero) {
       using T = decltype(zero);
       const Workspace<T> workspace(p, q.options(), Workspace<T>::kForward);
@@ -280,7 +275,7 @@ class WideHeadAttention : public torch::autograd::Function<WideHeadAttention> {
         }
         RowStats* block_stats = stats.defined() ? blk.row_stats_of(stats.data_ptr<float>(), p) : nullptr;
         forward_block(p, blk, q.data_ptr<T>(), k.data_ptr<T>(), v_columns, buffers.scores, buffers.probs, block_stats,
-                      scratch_of<T>(scratch, thread), out.data_ptr<T>());
+                      thread, out.data_ptr<T>());
       });
     });
     if (kept != Kept::kNothing) {
@@ -314,7 +309,6 @@ class WideHeadAttention : public torch::autograd::Function<WideHeadAttention> {
     parts_shape.insert(parts_shape.begin(), threads);
     at::Tensor dk_parts = at::zeros(parts_shape, float_options), dv_parts = at::zeros(parts_shape, float_options);
     const ChannelColumns k_columns = ChannelColumns::of(k, p);
-    const at::Tensor scratch = output_scratch(p, k_columns, q.options());
     with_element_type(q.scalar_type(), [&](auto zero) {
       using T = decltype(zero);
       const Workspace<T> workspace(p, q.options(), Workspace<T>::kBackward);
@@ -336,8 +330,8 @@ class WideHeadAttention : public torch::autograd::Function<WideHeadAttention> {
              buffers.d_probs, p.keys);
         gemm('T', 'N', p.keys, p.d, blk.rows, 1.f, buffers.probs, p.keys, block_d_out, ld, 1.f, dv, ld);
         softmax_backward_rows(p, buffers.d_probs, buffers.probs, buffers.d_scores, blk.rows);
-        times_channel_columns(p, blk, p.scale, buffers.d_scores, k_columns, scratch_of<T>(scratch, thread),
-                              blk.queries_of(dq.data_ptr<T>(), p), ld);
+        times_channel_columns(p, blk, p.scale, buffers.d_scores, k_columns, thread, blk.queries_of(dq.data_ptr<T>(), p),
+                              ld);
         gemm('T', 'N', p.keys, p.d, blk.rows, p.scale, buffers.d_scores, p.keys, block_q, ld, 1.f, dk, ld);
       });
     });
