@@ -3,7 +3,9 @@
 // machine's peak; and the 1280-channel 3x3 convolutions of the two lowest levels as models/conv2d.cpp's GEMM runs
 // them (forward W·columns + bias, input gradient Wᵀ·dY, weight gradient dY·columnsᵀ). Tells whether the step's
 // products lose to their shapes or to the rest of the step. In bf16 on a CPU that runs it in oneDNN, also the frozen
-// layers' products (core/onednn_matmul.h: the weight packed once, a kept primitive). One JSON object per shape.
+// layers' products (core/onednn_matmul.h: the weight packed once, a kept primitive). For a linear layer also its
+// forward as the model runs it (models/linear.h, which may take another form of the product: layer_forward_gflops).
+// One JSON object per shape.
 //
 // --cold evicts the caches before every timed product (by writing a buffer of 4x the last-level cache), as in a
 // training step, where each weight is read once per pass and the model's weights are far larger than the cache;
@@ -18,6 +20,7 @@
 #include "bench_util.h"
 #include "core/onednn_matmul.h"
 #include "core/threads.h"
+#include "models/linear.h"
 
 namespace {
 
@@ -50,7 +53,7 @@ std::vector<Shape> transformer_shapes(int64_t resolution) {
 
 // The products of one shape: as autograd runs them in training, and as a frozen layer runs them (bf16 in oneDNN).
 struct Products {
-  std::function<void()> forward, input_grad, weight_grad, frozen_forward, frozen_input_grad;
+  std::function<void()> forward, input_grad, weight_grad, frozen_forward, frozen_input_grad, layer_forward;
 };
 
 Products linear_products(const Shape& s, const at::TensorOptions& options) {
@@ -60,6 +63,7 @@ Products linear_products(const Shape& s, const at::TensorOptions& options) {
   p.forward = [=] { at::mm(x, w.t()); };
   p.input_grad = [=] { at::mm(dy, w); };
   p.weight_grad = [=] { at::mm(dy.t(), x); };
+  p.layer_forward = [=] { sd::models::linear(x.view({1, s.rows, s.in}), w, {}); };  // one sample's tokens
   if (sd::onednn_matmul_fits(x, w.t())) {  // from the weight packed once, per orientation
     auto forward_weight = std::make_shared<sd::PackedMatrix>(),
          input_grad_weight = std::make_shared<sd::PackedMatrix>();
@@ -127,6 +131,7 @@ int main(int argc, char** argv) {
                            {"forward_gflops", gflops_of(p.forward, flops)},
                            {"input_grad_gflops", gflops_of(p.input_grad, flops)},
                            {"weight_grad_gflops", gflops_of(p.weight_grad, flops)}};
+    if (p.layer_forward) line["layer_forward_gflops"] = gflops_of(p.layer_forward, flops);
     if (p.frozen_forward) {
       line["frozen_forward_gflops"] = gflops_of(p.frozen_forward, flops);
       line["frozen_input_grad_gflops"] = gflops_of(p.frozen_input_grad, flops);

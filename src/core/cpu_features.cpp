@@ -6,11 +6,19 @@
 
 namespace sd {
 
-bool cpu_runs_bf16_in_onednn() {
-  static const bool onednn =
+namespace {
+
+bool cpu_has_avx512_core() {
+  static const bool avx512 =
       __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  return onednn;
+  return avx512;
 }
+
+}  // namespace
+
+bool cpu_runs_bf16_in_onednn() { return cpu_has_avx512_core(); }
+
+bool cpu_runs_avx512_sgemm() { return cpu_has_avx512_core(); }
 
 bool cpu_has_fast_bf16() {
   static const bool fast = cpu_runs_bf16_in_onednn() && __builtin_cpu_supports("avx512bf16");

@@ -8,6 +8,10 @@ namespace sd {
 // CPUs) it falls back to plain loops that sum the products in bf16 and run ~15x slower than float32.
 bool cpu_runs_bf16_in_onednn();
 
+// Whether oneDNN's float32 GEMM (sdtrain's sgemm, core/onednn_sgemm.cpp) runs its AVX-512 kernels here: the CPU has
+// AVX-512 BW, VL and DQ (oneDNN's avx512_core), the same test as cpu_runs_bf16_in_onednn.
+bool cpu_runs_avx512_sgemm();
+
 // Whether bf16 arithmetic is fast here: the CPU has bf16 dot-product instructions (AVX512_BF16, which every
 // AMX-BF16 CPU has too: Cooper Lake and Sapphire Rapids Xeons, Zen 4). AVX-512 CPUs without them (Skylake-SP,
 // Cascade Lake, Ice Lake Xeons) run oneDNN's emulated bf16 kernels, measured at ~55-60 GFLOP/s against 230-350 for

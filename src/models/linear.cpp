@@ -2,6 +2,7 @@
 
 #include <torch/autograd.h>
 
+#include "core/cpu_features.h"
 #include "core/onednn_matmul.h"
 
 namespace sd::models {
@@ -11,14 +12,23 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+// How a linear layer's forward multiplies; its backward is the same either way.
+enum class Forward : int64_t {
+  kOnednn,                // bf16: a kept oneDNN primitive (core/onednn_matmul.h)
+  kWeightTimesRowsThenT,  // float32: yᵀ = W·xᵀ + b, then transposed (see transposed_product_is_faster)
+};
+
 // The gradients are those of at::linear's addmm: dx = dy·W, dW = dyᵀ·x, db = Σ_rows dy, each computed only when
 // its input takes a gradient (a frozen layer under textual inversion computes dx alone).
-struct OnednnLinear : torch::autograd::Function<OnednnLinear> {
+struct LinearRows : torch::autograd::Function<LinearRows> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& rows, const at::Tensor& weight,
-                            const c10::optional<at::Tensor>& bias) {
+                            const c10::optional<at::Tensor>& bias, int64_t how) {
     ctx->save_for_backward({rows, weight});
     ctx->saved_data["has_bias"] = bias.has_value();
-    return onednn_linear(rows, weight, bias.value_or(at::Tensor()));
+    if (static_cast<Forward>(how) == Forward::kOnednn) return onednn_linear(rows, weight, bias.value_or(at::Tensor()));
+    const at::Tensor transposed =
+        bias.has_value() ? at::addmm(bias->unsqueeze(1), weight, rows.t()) : at::mm(weight, rows.t());
+    return transposed.t().contiguous();
   }
 
   static variable_list backward(AutogradContext* ctx, const variable_list& grads) {
@@ -28,27 +38,48 @@ struct OnednnLinear : torch::autograd::Function<OnednnLinear> {
     if (ctx->needs_input_grad(0)) dx = sd::mm(dy, weight);
     if (ctx->needs_input_grad(1)) dw = sd::mm(dy.t(), rows);
     if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) db = dy.sum(0);
-    return {dx, dw, db};
+    return {dx, dw, db, at::Tensor()};
   }
 };
 
+// at::linear adds the bias inside the product (one rounding) for a matrix or a contiguous 3-D input; for any other
+// input it multiplies, then adds (two roundings). Those stay with at::linear, to round as it does.
+bool bias_added_in_the_product(const at::Tensor& x, const at::Tensor& bias) {
+  return x.dim() == 2 || (x.dim() >= 3 && (!bias.defined() || (x.dim() == 3 && x.is_contiguous())));
+}
+
+bool float32_cpu(const at::Tensor& t) { return !t.defined() || (t.scalar_type() == at::kFloat && t.is_cpu()); }
+
 }  // namespace
 
+bool transposed_product_is_faster(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  // oneDNN's AVX-512 sgemm multiplies x·Wᵀ (its right operand transposed) at 60-75% of the rate it multiplies
+  // W·xᵀ when x has 16-80 rows and W is large: it packs the transposed weight slowly, and a narrow product is mostly
+  // that packing (docs/benchmarks.md, twenty-ninth sitting). SD-1.5's transformers at 8x8 (256² images: 64 tokens)
+  // and CLIP's feed-forward layers (77 tokens) are such products. The rule looks at the tokens of one sample, not
+  // at the batch's rows, so that a sample's output does not depend on the batch it is in; at AVX2's kernels the
+  // two forms run alike. Small weights (under 4 MiB) gain nothing.
+  constexpr int64_t kMinTokens = 16, kMaxTokens = 80, kMinWeightElements = int64_t{1} << 20;
+  return cpu_runs_avx512_sgemm() && x.dim() == 3 && float32_cpu(x) && float32_cpu(weight) && float32_cpu(bias) &&
+         weight.dim() == 2 && weight.numel() >= kMinWeightElements && x.size(1) >= kMinTokens &&
+         x.size(1) <= kMaxTokens && bias_added_in_the_product(x, bias);
+}
+
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  // at::linear adds the bias inside the product (one rounding) for a matrix or a contiguous 3-D input; for any
-  // other input it multiplies, then adds (two roundings). Those stay with at::linear, to round as it does.
-  const bool one_rounding = x.dim() == 2 || (x.dim() >= 3 && (!bias.defined() || (x.dim() == 3 && x.is_contiguous())));
-  if (weight.dim() == 2 && one_rounding &&
-      (!bias.defined() || (bias.scalar_type() == at::kBFloat16 && bias.numel() == weight.size(0)))) {
-    const at::Tensor rows = x.dim() == 2 ? x : x.reshape({-1, x.size(-1)});  // a view, unless x's layout needs a copy
-    if (onednn_linear_fits(rows, weight)) {
-      std::vector<int64_t> sizes = x.sizes().vec();
-      sizes.back() = weight.size(0);
-      const auto optional_bias = bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt;
-      return OnednnLinear::apply(rows, weight, optional_bias).view(sizes);
-    }
-  }
-  return at::linear(x, weight, bias);
+  if (weight.dim() != 2 || !bias_added_in_the_product(x, bias) || (bias.defined() && bias.numel() != weight.size(0)))
+    return at::linear(x, weight, bias);
+  const at::Tensor rows = x.dim() == 2 ? x : x.reshape({-1, x.size(-1)});  // a view, unless x's layout needs a copy
+  Forward how;
+  if (onednn_linear_fits(rows, weight) && (!bias.defined() || bias.scalar_type() == at::kBFloat16))
+    how = Forward::kOnednn;
+  else if (transposed_product_is_faster(x, weight, bias))
+    how = Forward::kWeightTimesRowsThenT;
+  else
+    return at::linear(x, weight, bias);
+  std::vector<int64_t> sizes = x.sizes().vec();
+  sizes.back() = weight.size(0);
+  const auto optional_bias = bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt;
+  return LinearRows::apply(rows, weight, optional_bias, static_cast<int64_t>(how)).view(sizes);
 }
 
 }  // namespace sd::models

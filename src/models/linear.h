@@ -1,6 +1,7 @@
 // How the models run a linear layer: y = x·Wᵀ + b, differentiable in all three, as at::linear. bf16 on a CPU takes
 // oneDNN primitives kept per shape (core/onednn_matmul.h), forward and backward, with the same products as
-// at::linear's; every other dtype or device takes at::linear itself.
+// at::linear's; float32 layers of few tokens and a large weight on an AVX-512 CPU multiply their forward as
+// (W·xᵀ + b)ᵀ, with at::linear's backward; every other dtype, shape or device takes at::linear itself.
 #pragma once
 #include <ATen/ATen.h>
 
@@ -8,5 +9,9 @@ namespace sd::models {
 
 // x [..., in], weight [out, in], bias [out] or undefined -> [..., out].
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
+
+// Whether `linear` multiplies this layer's forward as (W·xᵀ + b)ᵀ: float32 x [batch, tokens, in] with 16-80 tokens
+// and a weight of 2^20 elements or more, on a CPU whose sgemm runs AVX-512 kernels.
+bool transposed_product_is_faster(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
 
 }  // namespace sd::models

@@ -1,5 +1,7 @@
 #include "models/linear.h"
 
+#include "core/cpu_features.h"
+
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -72,6 +74,51 @@ TEST(Linear, NonContiguousInputMatchesAtenLinear) {
   const at::Tensor x = at::randn({16, 2, 24}).to(at::kBFloat16).transpose(0, 1);  // [2, 16, 24], rows not adjacent
   const at::Tensor weight = at::randn({8, 24}).to(at::kBFloat16), bias = at::randn({8}).to(at::kBFloat16);
   EXPECT_TRUE(at::equal(models::linear(x, weight, bias), at::linear(x, weight, bias)));
+}
+
+class Float32FewTokensTest : public ::testing::TestWithParam<Case> {};
+
+// float32 layers of few tokens and a large weight multiply their forward as (W·xᵀ + b)ᵀ on an AVX-512 CPU: the same
+// sums in another order of products, so y agrees with at::linear's to float32 rounding, and the backward is
+// at::linear's own products, so given the same upstream gradient every gradient is the same bits.
+TEST_P(Float32FewTokensTest, TakesTheTransposedProductWithAtenLinearsGradients) {
+  if (!cpu_runs_avx512_sgemm()) GTEST_SKIP() << "the transposed product is taken on AVX-512 CPUs only";
+  const Case c = GetParam();
+  at::manual_seed(c.out);
+  const at::Tensor x = at::randn(c.x_sizes).set_requires_grad(true);
+  const at::Tensor weight = at::randn({c.out, c.x_sizes.back()}).set_requires_grad(c.weight_grad);
+  const at::Tensor bias = c.bias ? at::randn({c.out}).set_requires_grad(c.weight_grad) : at::Tensor();
+  ASSERT_TRUE(transposed_product_is_faster(x, weight, bias));
+  const at::Tensor g = at::randn({c.x_sizes[0], c.x_sizes[1], c.out});
+
+  const Grads want = run([](auto&&... a) { return at::linear(a...); }, x, weight, bias, g);
+  const Grads got = run([](auto&&... a) { return models::linear(a...); }, x, weight, bias, g);
+  EXPECT_EQ(got.y.sizes(), want.y.sizes());
+  EXPECT_TRUE(got.y.is_contiguous());
+  EXPECT_TRUE(at::allclose(got.y, want.y, 1e-5, 1e-4)) << (got.y - want.y).abs().max().item<float>();
+  expect_same(got.dx, want.dx, "dx");
+  expect_same(got.dw, want.dw, "dweight");
+  expect_same(got.db, want.db, "dbias");
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, Float32FewTokensTest,
+                         ::testing::Values(Case{{1, 64, 1024}, 1024, true, true},
+                                           Case{{2, 77, 256}, 4096, false, false},
+                                           Case{{3, 16, 2048}, 512, true, false}));
+
+// The rule looks at one sample's tokens and the weight's size, never at the batch.
+TEST(Linear, TransposedProductOnlyForFewTokensAndLargeFloat32Weights) {
+  if (!cpu_runs_avx512_sgemm()) GTEST_SKIP() << "the transposed product is taken on AVX-512 CPUs only";
+  const at::Tensor weight = at::empty({1024, 1024}), bias = at::empty({1024});
+  EXPECT_TRUE(transposed_product_is_faster(at::empty({1, 80, 1024}), weight, bias));
+  EXPECT_TRUE(transposed_product_is_faster(at::empty({16, 64, 1024}), weight, bias));
+  EXPECT_FALSE(transposed_product_is_faster(at::empty({1, 81, 1024}), weight, bias));
+  EXPECT_FALSE(transposed_product_is_faster(at::empty({4, 15, 1024}), weight, bias));
+  EXPECT_FALSE(transposed_product_is_faster(at::empty({64, 1024}), weight, bias));
+  EXPECT_FALSE(transposed_product_is_faster(at::empty({1, 64, 1024}), at::empty({1023, 1024}), {}));
+  EXPECT_FALSE(transposed_product_is_faster(at::empty({1, 64, 1024}, at::kBFloat16), weight.to(at::kBFloat16), {}));
+  // A strided 3-D input with a bias is added in two roundings by at::linear, and stays there.
+  EXPECT_FALSE(transposed_product_is_faster(at::empty({64, 2, 1024}).transpose(0, 1), weight, bias));
 }
 
 TEST(Linear, OtherDtypesTakeAtenLinear) {
