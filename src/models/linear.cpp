@@ -53,12 +53,12 @@ bool float32_cpu(const at::Tensor& t) { return !t.defined() || (t.scalar_type() 
 }  // namespace
 
 bool transposed_product_is_faster(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  // oneDNN's AVX-512 sgemm multiplies x·Wᵀ (its right operand transposed) at 60-75% of the rate it multiplies
-  // W·xᵀ when x has 16-80 rows and W is large: it packs the transposed weight slowly, and a narrow product is mostly
-  // that packing (docs/benchmarks.md, twenty-ninth sitting). SD-1.5's transformers at 8x8 (256² images: 64 tokens)
-  // and CLIP's feed-forward layers (77 tokens) are such products. The rule looks at the tokens of one sample, not
-  // at the batch's rows, so that a sample's output does not depend on the batch it is in; at AVX2's kernels the
-  // two forms run alike. Small weights (under 4 MiB) gain nothing.
+  // oneDNN's AVX-512 sgemm multiplies x·Wᵀ (its right operand transposed) at 60-90% of the rate it multiplies
+  // W·xᵀ (with the copy that transposes the narrow result) when x has 16-80 rows and W is large: it packs the
+  // transposed weight slowly, and a narrow product is mostly that packing (docs/benchmarks.md, twenty-ninth sitting).
+  // SD-1.5's transformers at 8x8 (256² images: 64 tokens) and CLIP's feed-forward layers (77 tokens) are such products.
+  // The rule looks at the tokens of one sample, not at the batch's rows, so that a sample's output does not depend on
+  // the batch it is in; at AVX2's kernels the two forms run alike. Small weights (under 4 MiB) gain nothing.
   constexpr int64_t kMinTokens = 16, kMaxTokens = 80, kMinWeightElements = int64_t{1} << 20;
   return cpu_runs_avx512_sgemm() && x.dim() == 3 && float32_cpu(x) && float32_cpu(weight) && float32_cpu(bias) &&
          weight.dim() == 2 && weight.numel() >= kMinWeightElements && x.size(1) >= kMinTokens &&
