@@ -19,6 +19,7 @@
 #include "io/atomic_file.h"
 #include "io/image.h"
 #include "io/safetensors.h"
+#include "io/tensor_file.h"
 #include "pipeline/embedding_file.h"
 #include "pipeline/img2img.h"
 #include "pipeline/lora_file.h"
@@ -89,8 +90,8 @@ at::Tensor read_init_latents(const fs::path& path) {
              path.string(), tensors.size());
     it = tensors.begin();
   }
-  SD_CHECK(!it->second.is_floating_point() || at::isfinite(it->second).all().item<bool>(),
-           "--init_latents {}: tensor '{}' holds NaN or infinite values", path.string(), it->first);
+  SD_CHECK(io::count_nonfinite(it->second) == 0, "--init_latents {}: tensor '{}' holds NaN or infinite values",
+           path.string(), it->first);
   return it->second;
 }
 

@@ -1,9 +1,11 @@
 #include "io/tensor_file.h"
 
 #include <algorithm>
+#include <atomic>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/parallel.h"
 #include "io/atomic_file.h"
 #include "io/random_access_file.h"
 #include "io/safetensors.h"
@@ -77,11 +79,38 @@ class ShardedTensorFile : public TensorFile {
   std::map<std::string, std::string> metadata_;
 };
 
+// Values whose exponent bits are all ones (infinities and NaNs), of the bit patterns x[0, n).
+template <typename Bits>
+int64_t count_all_ones_exponents(const Bits* x, int64_t n, Bits exponent) {
+  std::atomic<int64_t> total{0};
+  sd::parallel_for(0, n, int64_t{1} << 16, [&](int64_t begin, int64_t end) {
+    int64_t count = 0;
+    for (int64_t i = begin; i < end; ++i) count += (x[i] & exponent) == exponent;
+    total += count;
+  });
+  return total;
+}
+
 }  // namespace
 
+int64_t count_nonfinite(const at::Tensor& tensor) {
+  if (!tensor.is_floating_point() || tensor.numel() == 0) return 0;
+  const at::Tensor t = tensor.contiguous();
+  const void* data = t.data_ptr();
+  switch (t.scalar_type()) {
+    case at::kFloat:
+      return count_all_ones_exponents(static_cast<const uint32_t*>(data), t.numel(), uint32_t{0x7f800000});
+    case at::kDouble:
+      return count_all_ones_exponents(static_cast<const uint64_t*>(data), t.numel(), uint64_t{0x7ff0000000000000});
+    case at::kBFloat16:
+      return count_all_ones_exponents(static_cast<const uint16_t*>(data), t.numel(), uint16_t{0x7f80});
+    case at::kHalf: return count_all_ones_exponents(static_cast<const uint16_t*>(data), t.numel(), uint16_t{0x7c00});
+    default: return t.numel() - at::isfinite(t).sum().item<int64_t>();
+  }
+}
+
 void check_finite(const at::Tensor& tensor, const std::string& label, const std::string& name) {
-  if (!tensor.is_floating_point() || tensor.numel() == 0) return;
-  const int64_t bad = tensor.numel() - at::isfinite(tensor).sum().item<int64_t>();
+  const int64_t bad = count_nonfinite(tensor);
   SD_CHECK(bad == 0,
            "{}: tensor '{}' holds {} NaN or infinite values (of {}): the weights are damaged or come from a "
            "diverged run",

@@ -38,6 +38,10 @@ class TensorFile {
 // sharded checkpoint's *.index.json.
 std::unique_ptr<TensorFile> open_tensor_file(const std::filesystem::path& path);
 
+// How many NaN and infinite values a tensor holds (0 for integer tensors). Read from the bits, in one parallel pass
+// without temporaries: at::isfinite(t).sum() made a bool copy and reduced it, 5.5 s over SD-1.5's UNet on a 2-core VM.
+int64_t count_nonfinite(const at::Tensor& tensor);
+
 // Throws sd::Error naming `label` (the file) and tensor `name` when a floating-point tensor holds NaN or infinite
 // values: weights like that can only give NaN images or a NaN loss, so they stop a command before it runs.
 void check_finite(const at::Tensor& tensor, const std::string& label, const std::string& name);

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "io/tensor_file.h"
 #include "perf/op_profiler.h"
 #include "train/gradient_norm.h"
 
@@ -408,7 +409,7 @@ void check_stored_tensor(const at::Tensor& t, const StoredPiece& piece, const st
              fmt::join(piece.shape, ", "));
   SD_CHECK(t.numel() == piece.end - piece.begin, "{} has {} elements, the manifest says {}", what, t.numel(),
            piece.end - piece.begin);
-  const int64_t nonfinite = t.numel() - at::isfinite(t).sum().item<int64_t>();
+  const int64_t nonfinite = io::count_nonfinite(t);
   SD_CHECK(nonfinite == 0,
            "{} holds {} NaN or infinite values ({} state): the checkpoint is damaged or the run had diverged", what,
            nonfinite, kind);
