@@ -2,6 +2,9 @@
 
 #include <ATen/ATen.h>
 #include <torch/nn/functional/conv.h>
+#include <torch/nn/init.h>
+
+#include <cmath>
 
 #include "core/error.h"
 #include "models/conv2d.h"
@@ -13,7 +16,32 @@ namespace {
 
 std::string shape_str(at::IntArrayRef s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
 
+thread_local bool layers_uninitialized = false;
+
+// What LibTorch's Linear and Conv modules draw in reset_parameters(), in the same order from the same generator.
+void initialize_as_torch_does(at::Tensor& weight, at::Tensor& bias) {
+  torch::nn::init::kaiming_uniform_(weight, /*a=*/std::sqrt(5.0));
+  if (!bias.defined()) return;
+  const int64_t fan_in = std::get<0>(torch::nn::init::_calculate_fan_in_and_fan_out(weight));
+  const double bound = 1 / std::sqrt(static_cast<double>(fan_in));
+  torch::nn::init::uniform_(bias, -bound, bound);
+}
+
+// The layer's parameters, registered under torch::nn's names, initialised unless a ScopedUninitializedLayers is alive.
+void register_layer_parameters(torch::nn::Module& layer, at::IntArrayRef weight_shape, bool with_bias,
+                               at::Tensor& weight, at::Tensor& bias) {
+  weight = layer.register_parameter("weight", torch::empty(weight_shape));
+  bias = with_bias ? layer.register_parameter("bias", torch::empty({weight_shape[0]})) : at::Tensor();
+  if (!layers_uninitialized) initialize_as_torch_does(weight, bias);
+}
+
 }  // namespace
+
+ScopedUninitializedLayers::ScopedUninitializedLayers() : previous_(layers_uninitialized) {
+  layers_uninitialized = true;
+}
+
+ScopedUninitializedLayers::~ScopedUninitializedLayers() { layers_uninitialized = previous_; }
 
 std::pair<std::vector<int64_t>, std::vector<int64_t>> lora_adapter_shapes(at::IntArrayRef weight, int64_t rank) {
   std::vector<int64_t> down(weight.begin(), weight.end()), up{weight[0], rank};
@@ -57,20 +85,35 @@ at::Tensor LoraHost::add_adapter_outputs(const at::Tensor& x, const at::Tensor& 
   return out;
 }
 
+LinearImpl::LinearImpl(const torch::nn::LinearOptions& layer_options) : options(layer_options) { reset(); }
+
+void LinearImpl::reset() {
+  register_layer_parameters(*this, {options.out_features(), options.in_features()}, options.bias(), weight, bias);
+}
+
 at::Tensor LinearImpl::forward(const at::Tensor& x) { return add_adapter_outputs(x, models::linear(x, weight, bias)); }
 
 at::Tensor LinearImpl::low_rank_output(const at::Tensor& x, const at::Tensor& down, const at::Tensor& up) const {
   return models::linear(models::linear(x, down, {}), up, {});
 }
 
-at::Tensor Conv2dImpl::forward(const at::Tensor& x) {
+Conv2dImpl::Conv2dImpl(const torch::nn::Conv2dOptions& layer_options) : options(layer_options) {
   const auto& o = options;
-  const auto* padding = c10::get_if<torch::ExpandingArray<2>>(&o.padding());
-  const bool plain = padding && c10::get_if<torch::enumtype::kZeros>(&o.padding_mode()) && o.groups() == 1 &&
-                     (*o.dilation())[0] == 1 && (*o.dilation())[1] == 1;
-  const at::Tensor base =
-      plain ? conv2d(x, weight, bias, *o.stride(), **padding, frozen_weight_) : torch::nn::Conv2dImpl::forward(x);
-  return add_adapter_outputs(x, base);
+  SD_CHECK(c10::get_if<torch::ExpandingArray<2>>(&o.padding()) &&
+               c10::get_if<torch::enumtype::kZeros>(&o.padding_mode()) && o.groups() == 1 && (*o.dilation())[0] == 1 &&
+               (*o.dilation())[1] == 1,
+           "Conv2d: only zero-padded, undilated, ungrouped convolutions are supported");
+  reset();
+}
+
+void Conv2dImpl::reset() {
+  const auto& o = options;
+  register_layer_parameters(*this, {o.out_channels(), o.in_channels(), (*o.kernel_size())[0], (*o.kernel_size())[1]},
+                            o.bias(), weight, bias);
+}
+
+at::Tensor Conv2dImpl::forward(const at::Tensor& x) {
+  return add_adapter_outputs(x, conv2d(x, weight, bias, *options.stride(), padding(), frozen_weight_));
 }
 
 at::Tensor Conv2dImpl::low_rank_output(const at::Tensor& x, const at::Tensor& down, const at::Tensor& up) const {

@@ -5,9 +5,10 @@
 // outside by module path (e.g. "down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q"), are not module
 // parameters (so weight files load and save exactly as before), and can be merged into the base weight.
 #pragma once
+#include <torch/nn/cloneable.h>
 #include <torch/nn/module.h>
-#include <torch/nn/modules/conv.h>
-#include <torch/nn/modules/linear.h>
+#include <torch/nn/options/conv.h>
+#include <torch/nn/options/linear.h>
 
 #include <string>
 #include <vector>
@@ -54,12 +55,34 @@ class LoraHost {
   std::vector<LoraAdapter> adapters_;
 };
 
-class LinearImpl : public torch::nn::LinearImpl, public LoraHost {
+// While alive, the Linear and Conv2d layers below are built with uninitialised parameters: for models whose weights
+// are all read next (models/weights.h's load_weights is strict, so none stays unread). Otherwise they draw the
+// default initialisation of LibTorch's (and PyTorch's) modules, which took 12 s of the 19 s that loading SD-1.5's UNet
+// took on a 2-core VM, only to be overwritten.
+class ScopedUninitializedLayers {
  public:
-  using torch::nn::LinearImpl::LinearImpl;
+  ScopedUninitializedLayers();
+  ~ScopedUninitializedLayers();
+  ScopedUninitializedLayers(const ScopedUninitializedLayers&) = delete;
+  ScopedUninitializedLayers& operator=(const ScopedUninitializedLayers&) = delete;
+
+ private:
+  bool previous_;
+};
+
+// torch::nn::Linear's parameters ("weight" [out, in], "bias" [out]) and initialisation, drawn in the same order.
+class LinearImpl : public torch::nn::Cloneable<LinearImpl>, public LoraHost {
+ public:
+  LinearImpl(int64_t in_features, int64_t out_features)
+      : LinearImpl(torch::nn::LinearOptions(in_features, out_features)) {}
+  explicit LinearImpl(const torch::nn::LinearOptions& options);
+  void reset() override;
   // x: [..., in] -> [..., out] (models/linear.h)
   at::Tensor forward(const at::Tensor& x);
   at::IntArrayRef base_weight_shape() const override { return weight.sizes(); }
+
+  torch::nn::LinearOptions options;
+  at::Tensor weight, bias;  // bias undefined without one
 
  private:
   at::Tensor& base_weight() override { return weight; }
@@ -67,17 +90,23 @@ class LinearImpl : public torch::nn::LinearImpl, public LoraHost {
 };
 TORCH_MODULE(Linear);
 
-class Conv2dImpl : public torch::nn::Conv2dImpl, public LoraHost {
+// torch::nn::Conv2d's parameters ("weight" [out, in, kh, kw], "bias" [out]) and initialisation, for the zero-padded,
+// undilated, ungrouped convolutions of the SD models (other options are refused).
+class Conv2dImpl : public torch::nn::Cloneable<Conv2dImpl>, public LoraHost {
  public:
-  using torch::nn::Conv2dImpl::Conv2dImpl;
-  // x: [N, in, H, W] -> [N, out, H', W'] (models/conv2d.h for the zero-padded, undilated, ungrouped convolutions
-  // of the SD models; LibTorch's module forward for anything else)
+  explicit Conv2dImpl(const torch::nn::Conv2dOptions& options);
+  void reset() override;
+  // x: [N, in, H, W] -> [N, out, H', W'] (models/conv2d.h)
   at::Tensor forward(const at::Tensor& x);
   at::IntArrayRef base_weight_shape() const override { return weight.sizes(); }
   // Bytes held for the frozen weight's input gradient (models/conv2d.h), 0 unless trained through while frozen.
   int64_t frozen_weight_bytes() const { return frozen_weight_->bytes(); }
 
+  torch::nn::Conv2dOptions options;
+  at::Tensor weight, bias;  // bias undefined without one
+
  private:
+  at::IntArrayRef padding() const { return *c10::get<torch::ExpandingArray<2>>(options.padding()); }
   at::Tensor& base_weight() override { return weight; }
   at::Tensor low_rank_output(const at::Tensor& x, const at::Tensor& down, const at::Tensor& up) const override;
 

@@ -4,7 +4,10 @@
 #include "models/lora.h"
 
 #include <ATen/ATen.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/linear.h>
 
+#include "core/error.h"
 #include "model_test_util.h"
 #include "models/unet/unet_2d_condition.h"
 #include "models/weights.h"
@@ -113,6 +116,66 @@ TEST(LoraSeam, GradientCheckpointingGivesTheAdaptersTheSameGradients) {
     ASSERT_TRUE(grads[1][i].defined()) << i;
     EXPECT_TRUE(close_rel_max(grads[1][i], grads[0][i], 1e-5)) << i;
   }
+}
+
+// The layers draw LibTorch's default initialisation (PyTorch's too) in the same order: a model built from a seed is
+// the model PyTorch builds from it.
+TEST(Layers, InitialiseAsLibTorchsModulesFromTheSameSeed) {
+  for (bool bias : {true, false}) {
+    at::manual_seed(7);
+    Linear ours(torch::nn::LinearOptions(6, 4).bias(bias));
+    Conv2d ours_conv(torch::nn::Conv2dOptions(3, 5, 3).padding(1).bias(bias));
+    const at::Tensor ours_next = at::rand({3});
+    at::manual_seed(7);
+    torch::nn::Linear theirs(torch::nn::LinearOptions(6, 4).bias(bias));
+    torch::nn::Conv2d theirs_conv(torch::nn::Conv2dOptions(3, 5, 3).padding(1).bias(bias));
+    EXPECT_TRUE(at::equal(ours->weight, theirs->weight));
+    EXPECT_TRUE(at::equal(ours_conv->weight, theirs_conv->weight));
+    EXPECT_EQ(ours->bias.defined(), bias);
+    EXPECT_EQ(ours_conv->bias.defined(), bias);
+    if (bias) {
+      EXPECT_TRUE(at::equal(ours->bias, theirs->bias));
+      EXPECT_TRUE(at::equal(ours_conv->bias, theirs_conv->bias));
+    }
+    EXPECT_TRUE(at::equal(ours_next, at::rand({3})));
+    std::vector<std::string> names;
+    for (const auto& p : ours->named_parameters()) names.push_back(p.key());
+    const std::vector<std::string> expected =
+        bias ? std::vector<std::string>{"weight", "bias"} : std::vector<std::string>{"weight"};
+    EXPECT_EQ(names, expected);
+  }
+}
+
+TEST(Layers, BuiltUninitializedWhileTheScopeLivesDrawingNothing) {
+  at::manual_seed(3);
+  const at::Tensor expected_next = at::rand({4});
+  at::manual_seed(3);
+  {
+    ScopedUninitializedLayers weights_read_next;
+    { ScopedUninitializedLayers nested; }
+    Linear layer(torch::nn::LinearOptions(6, 4));  // still inside the outer scope
+    Conv2d conv(torch::nn::Conv2dOptions(3, 5, 1));
+    ScopedDefaultDtype bf16(at::kBFloat16);
+    Linear bf16_layer(6, 4);
+    EXPECT_EQ(bf16_layer->weight.scalar_type(), at::kBFloat16);
+    EXPECT_EQ(conv->weight.sizes(), at::IntArrayRef({5, 3, 1, 1}));
+    EXPECT_EQ(layer->bias.sizes(), at::IntArrayRef({4}));
+  }
+  EXPECT_TRUE(at::equal(at::rand({4}), expected_next));
+  // After the scope, layers initialise again.
+  at::manual_seed(3);
+  Linear after(6, 4);
+  at::manual_seed(3);
+  torch::nn::Linear theirs(6, 4);
+  EXPECT_TRUE(at::equal(after->weight, theirs->weight));
+}
+
+TEST(Layers, ConvolutionsOtherThanTheModelsAreRefused) {
+  for (const auto& options :
+       {torch::nn::Conv2dOptions(3, 5, 3).groups(3), torch::nn::Conv2dOptions(3, 5, 3).dilation(2),
+        torch::nn::Conv2dOptions(3, 5, 3).padding_mode(torch::kReflect),
+        torch::nn::Conv2dOptions(3, 5, 3).padding(torch::kSame)})
+    EXPECT_THROW(Conv2d{options}, sd::Error);
 }
 
 }  // namespace

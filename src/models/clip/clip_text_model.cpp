@@ -155,6 +155,7 @@ at::Tensor ClipTextModelImpl::apply_final_layer_norm(const at::Tensor& hidden) {
 ClipTextModel ClipTextModelImpl::with_linears_in(at::ScalarType dtype) {
   ClipTextModel copy = [&] {
     ScopedDefaultDtype built_in(parameters().front().scalar_type());
+    ScopedUninitializedLayers weights_read_next;
     return ClipTextModel(config_);
   }();
   torch::NoGradGuard no_grad;
@@ -210,6 +211,7 @@ ClipTextModel load_text_encoder(const ClipTextConfig& config, const io::TensorFi
            c10::toString(dtype));
   ClipTextModel model = [&] {
     ScopedDefaultDtype built_in(dtype);
+    ScopedUninitializedLayers weights_read_next;
     return ClipTextModel(config);
   }();
   // transformers < 4.31 saved the position_ids buffer; 4.35 recomputes it (and so do we).

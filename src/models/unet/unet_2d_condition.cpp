@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "models/checkpoint.h"
+#include "models/lora.h"
 #include "models/weights.h"
 
 namespace sd::models {
@@ -281,6 +282,7 @@ UNet2DConditionModel load_unet(UNetConfig config, const io::TensorFile& weights,
            "load_unet: dtype must be float32, bfloat16 or float64, got {}", c10::toString(dtype));
   UNet2DConditionModel model = [&] {
     ScopedDefaultDtype built_in(dtype);
+    ScopedUninitializedLayers weights_read_next;
     return UNet2DConditionModel(std::move(config));
   }();
   load_weights(*model, weights);

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include "core/error.h"
+#include "models/lora.h"
 #include "models/weights.h"
 
 namespace sd::models {
@@ -201,6 +202,7 @@ AutoencoderKL load_vae(VaeConfig config, const io::TensorFile& weights, at::Scal
            "load_vae: dtype must be float32, bfloat16 or float64, got {}", c10::toString(dtype));
   AutoencoderKL model = [&] {
     ScopedDefaultDtype built_in(dtype);
+    ScopedUninitializedLayers weights_read_next;
     return AutoencoderKL(std::move(config));
   }();
   load_weights(*model, weights);

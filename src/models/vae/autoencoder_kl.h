@@ -1,6 +1,7 @@
 // AutoencoderKL (diffusers 0.24), SD's VAE: images <-> latents, with the diagonal Gaussian posterior of encode().
 #pragma once
 #include <ATen/core/Generator.h>
+#include <torch/nn/modules/conv.h>
 
 #include <filesystem>
 #include <string>
