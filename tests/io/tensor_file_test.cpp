@@ -19,7 +19,8 @@ double largest_finite(at::ScalarType dtype) {
 }
 
 // More than one parallel chunk (2^16 values), with specials at both ends, at the chunks' seam and in the last,
-// partial chunk; and the finite values that sit next to the specials in bits (the largest finite, denormals, -0).
+// partial chunk; and finite values near the specials in bits: the largest finite, -0, and float32's smallest denormal
+// (a denormal in float32 and float64, 0 once rounded to bf16 or float16).
 at::Tensor values_with_specials(at::ScalarType dtype) {
   const int64_t n = 3 * (int64_t{1} << 16) + 5;
   at::Tensor t = at::linspace(-3, 3, n, at::kDouble);
