@@ -162,8 +162,13 @@ TensorInfo SafeTensorsFile::info(const std::string& name) const {
 
 at::Tensor SafeTensorsFile::read(const std::string& name) const {
   const TensorEntry& e = entry(name);
+  const uint64_t offset = data_start_ + e.begin, size = e.end - e.begin;
+  if (size >= kMappedBytes && offset % c10::elementSize(e.dtype) == 0)
+    if (std::shared_ptr<std::byte> pages = file_.map(size, offset))
+      return at::from_blob(
+          pages.get(), e.shape, [pages](void*) {}, at::TensorOptions().dtype(e.dtype));
   at::Tensor tensor = at::empty(e.shape, at::TensorOptions().dtype(e.dtype));
-  file_.read(tensor.data_ptr(), e.end - e.begin, data_start_ + e.begin);
+  file_.read(tensor.data_ptr(), size, offset);
   return tensor;
 }
 

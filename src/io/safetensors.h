@@ -1,6 +1,6 @@
 // The safetensors format: u64-LE header length, a JSON header {name: {dtype, shape, data_offsets}, __metadata__},
-// then raw little-endian tensor data. Reading validates the header completely before touching any data and reads
-// each tensor straight into its own storage (no second copy of the file in memory).
+// then raw little-endian tensor data. Reading validates the header completely before touching any data, then maps
+// each large tensor copy-on-write and copies each small one into its own storage.
 #pragma once
 #include <ATen/ATen.h>
 
@@ -36,8 +36,12 @@ class SafeTensorsFile : public TensorFile {
   bool contains(const std::string& name) const override { return entries_.count(name) > 0; }
   const TensorEntry& entry(const std::string& name) const;
   TensorInfo info(const std::string& name) const override;
-  // Reads one tensor in its stored dtype.
+  // One tensor in its stored dtype, its own memory. From kMappedBytes up (and aligned to its element size) that is a
+  // copy-on-write mapping of its bytes (RandomAccessFile::map: no copy, no cleared pages, read again from the file
+  // if the kernel needs the memory); smaller tensors are copied, so a dataset of small files kept in memory does not
+  // hold a mapping per tensor (Linux allows 65530 per process).
   at::Tensor read(const std::string& name) const override;
+  static constexpr uint64_t kMappedBytes = 1 << 20;
 
  private:
   RandomAccessFile file_;

@@ -20,6 +20,23 @@ std::string list_some(const std::vector<std::string>& items, size_t limit = 5) {
 
 std::string shape_str(at::IntArrayRef shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
 
+// The module's own parameter and buffer tensors (not detached copies of their handles), so set_data reaches them.
+io::TensorMap module_tensors(const torch::nn::Module& module) {
+  io::TensorMap out;
+  for (auto& item : module.named_parameters(/*recurse=*/true)) out[item.key()] = item.value();
+  for (auto& item : module.named_buffers(/*recurse=*/true)) out[item.key()] = item.value();
+  return out;
+}
+
+// A stored tensor of the target's dtype becomes the target's data (the file's memory, often the page cache mapped
+// copy-on-write): copying it would first make the kernel clear as many fresh pages, most of a model's load time.
+void take_stored_values(at::Tensor& target, const at::Tensor& stored) {
+  if (stored.scalar_type() == target.scalar_type() && stored.device() == target.device() && target.is_contiguous())
+    target.set_data(stored);
+  else
+    target.copy_(stored);
+}
+
 }  // namespace
 
 ScopedDefaultDtype::ScopedDefaultDtype(at::ScalarType dtype) : previous_(c10::get_default_dtype()) {
@@ -29,14 +46,13 @@ ScopedDefaultDtype::ScopedDefaultDtype(at::ScalarType dtype) : previous_(c10::ge
 ScopedDefaultDtype::~ScopedDefaultDtype() { c10::set_default_dtype(previous_); }
 
 io::TensorMap named_weights(const torch::nn::Module& module) {
-  io::TensorMap out;
-  for (const auto& item : module.named_parameters(/*recurse=*/true)) out[item.key()] = item.value().detach();
-  for (const auto& item : module.named_buffers(/*recurse=*/true)) out[item.key()] = item.value().detach();
+  io::TensorMap out = module_tensors(module);
+  for (auto& [name, tensor] : out) tensor = tensor.detach();
   return out;
 }
 
 void load_weights(torch::nn::Module& module, const io::TensorFile& file, const std::set<std::string>& ignored) {
-  io::TensorMap targets = named_weights(module);
+  io::TensorMap targets = module_tensors(module);
   std::vector<std::string> missing, unexpected, misshaped, mistyped;
   for (const auto& [name, target] : targets) {
     if (!file.contains(name)) {
@@ -66,7 +82,7 @@ void load_weights(torch::nn::Module& module, const io::TensorFile& file, const s
   for (auto& [name, target] : targets) {
     const at::Tensor stored = file.read(name);
     io::check_finite(stored, file.label(), name);
-    target.copy_(stored);
+    take_stored_values(target, stored);
   }
 }
 

@@ -210,6 +210,65 @@ TEST(SafeTensors, NegativeOffset) {
   EXPECT_NE(error_of(path).find("data_offsets[0] must be a non-negative integer"), std::string::npos);
 }
 
+// A tensor of exactly kMappedBytes, the smallest that read() maps instead of copying.
+at::Tensor smallest_mapped() { return at::arange(int64_t{SafeTensorsFile::kMappedBytes / 4}, at::kFloat); }
+
+bool maps_file(const std::filesystem::path& path) {
+  return read_text_file("/proc/self/maps").find(path.string()) != std::string::npos;
+}
+
+TEST(SafeTensors, LargeTensorsMapTheFileWhileTheyLive) {
+  TempDir dir;
+  const auto path = dir.path() / "a.safetensors";
+  save_safetensors(path, {{"large", smallest_mapped()}, {"small", at::arange(10, at::kFloat)}});
+  at::Tensor large = SafeTensorsFile(path).read("large");  // the file object is gone after this line
+  EXPECT_TRUE(maps_file(path));
+  EXPECT_TRUE(at::equal(large, smallest_mapped()));
+  large = at::Tensor();
+  EXPECT_FALSE(maps_file(path));
+  const at::Tensor small = SafeTensorsFile(path).read("small");
+  EXPECT_FALSE(maps_file(path));
+  EXPECT_TRUE(at::equal(small, at::arange(10, at::kFloat)));
+}
+
+TEST(SafeTensors, MappedTensorsAreEachTheirOwnAndNeverWriteToTheFile) {
+  TempDir dir;
+  const auto path = dir.path() / "a.safetensors";
+  save_safetensors(path, {{"large", smallest_mapped()}});
+  const SafeTensorsFile file(path);
+  const at::Tensor written = file.read("large"), kept = file.read("large");
+  written.fill_(-1);
+  EXPECT_TRUE(at::equal(kept, smallest_mapped()));
+  EXPECT_TRUE(at::equal(SafeTensorsFile(path).read("large"), smallest_mapped()));
+  // Replaced by rename, as every sdtrain writer does: tensors already read keep the old values.
+  save_safetensors(path, {{"large", smallest_mapped() + 1}});
+  EXPECT_TRUE(at::equal(kept, smallest_mapped()));
+  EXPECT_TRUE(at::equal(SafeTensorsFile(path).read("large"), smallest_mapped() + 1));
+}
+
+TEST(SafeTensors, LargeTensorOffItsAlignmentIsCopiedToAnAlignedOne) {
+  // One byte of U8 first puts the float32 tensor at an odd offset, where a view of the mapping would be misaligned.
+  TempDir dir;
+  const auto path = dir.path() / "a.safetensors";
+  const at::Tensor values = smallest_mapped();
+  const auto bytes = static_cast<uint64_t>(values.numel() * 4);
+  std::string header = fmt::format(R"({{"a":{{"dtype":"U8","shape":[1],"data_offsets":[0,1]}},)"
+                                   R"("b":{{"dtype":"F32","shape":[{}],"data_offsets":[1,{}]}}}})",
+                                   values.numel(), 1 + bytes);
+  header.append((8 - header.size() % 8) % 8, ' ');
+  {
+    std::ofstream out(path, std::ios::binary);
+    const uint64_t len = header.size();
+    out.write(reinterpret_cast<const char*>(&len), 8);
+    out << header << '\x07';
+    out.write(static_cast<const char*>(values.data_ptr()), static_cast<std::streamsize>(bytes));
+  }
+  const at::Tensor read = SafeTensorsFile(path).read("b");
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(read.data_ptr()) % alignof(float), 0u);
+  EXPECT_TRUE(at::equal(read, values));
+  EXPECT_EQ(SafeTensorsFile(path).read("a").item<uint8_t>(), 7);
+}
+
 TEST(SafeTensors, NoPartialFileOnFailedWrite) {
   TempDir dir;
   auto path = dir.path() / "out.safetensors";

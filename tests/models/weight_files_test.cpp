@@ -142,5 +142,46 @@ TEST(WeightFiles, VariantFallsBackPerComponentAndIsNamedWhenMissing) {
   }
 }
 
+// load_weights hands a stored tensor of the parameter's dtype to the parameter itself (for a large safetensors tensor,
+// its copy-on-write mapping): the module's own handles must see it, autograd must still reach it, and training must
+// never write to the file.
+TEST(LoadWeights, ParametersTakeTheStoredValuesAndStayTrainable) {
+  TempDir dir;
+  const fs::path path = dir.path() / "linear.safetensors";
+  const torch::nn::Linear source(1024, 512);  // a 2 MiB weight: mapped, not copied
+  save_weights(*source, path);
+  torch::nn::Linear linear(1024, 512);
+  load_weights(*linear, path);
+  EXPECT_TRUE(at::equal(linear->weight, source->weight));
+  EXPECT_TRUE(at::equal(linear->bias, source->bias));
+  ASSERT_TRUE(linear->weight.requires_grad());
+  linear->forward(torch::ones({1, 1024})).sum().backward();
+  ASSERT_TRUE(linear->weight.grad().defined());
+  EXPECT_TRUE(at::equal(linear->weight.grad(), torch::ones({512, 1024})));
+  {
+    torch::NoGradGuard no_grad;
+    linear->weight.sub_(linear->weight.grad());
+  }
+  EXPECT_TRUE(at::equal(linear->weight, source->weight - 1));
+  EXPECT_TRUE(at::equal(io::load_safetensors(path).at("weight"), source->weight));
+}
+
+TEST(LoadWeights, LargeTensorsOfAnotherDtypeAreConverted) {
+  TempDir dir;
+  const torch::nn::Linear source(1024, 512);
+  save_weights(*source, dir.path() / "bf16.safetensors", at::kBFloat16);
+  torch::nn::Linear float32(1024, 512);
+  load_weights(*float32, dir.path() / "bf16.safetensors");
+  EXPECT_EQ(float32->weight.scalar_type(), at::kFloat);
+  EXPECT_TRUE(at::equal(float32->weight, source->weight.to(at::kBFloat16).to(at::kFloat)));
+
+  save_weights(*source, dir.path() / "float32.safetensors");
+  torch::nn::Linear bf16(1024, 512);
+  bf16->to(at::kBFloat16);
+  load_weights(*bf16, dir.path() / "float32.safetensors");
+  EXPECT_EQ(bf16->weight.scalar_type(), at::kBFloat16);
+  EXPECT_TRUE(at::equal(bf16->weight, source->weight.to(at::kBFloat16)));
+}
+
 }  // namespace
 }  // namespace sd::models
