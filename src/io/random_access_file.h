@@ -22,11 +22,11 @@ class RandomAccessFile {
   // Reads exactly `size` bytes at `offset`; a range past the end throws sd::Error naming the file.
   void read(void* dst, uint64_t size, uint64_t offset) const;
   std::string read(uint64_t size, uint64_t offset) const;
-  // `size` (> 0) bytes at `offset` mapped copy-on-write (MAP_PRIVATE); unmapped when the
-  // last copy of the pointer (to the byte at `offset`) goes. A tensor there shares the kernel's page cache instead
-  // of a copy in fresh memory, which the kernel would first have to clear; writing to it copies only the pages
-  // written, never to the file or another mapping. sdtrain replaces files by rename, never rewrites them in place
-  // (atomic_file.h), so a mapped file's bytes do not change under the mapping. Null where the file system cannot map.
+  // `size` (> 0) bytes at `offset` mapped copy-on-write (MAP_PRIVATE), unmapped when the last copy of the pointer
+  // (to the byte at `offset`) goes. A tensor there shares the kernel's page cache instead of a copy in fresh memory,
+  // which the kernel would first have to clear; writing to it copies only the pages written, never to the file or
+  // another mapping. sdtrain replaces files by rename, never rewrites them in place (atomic_file.h), so a mapped
+  // file's bytes do not change under the mapping. Null where the file system cannot map.
   std::shared_ptr<std::byte> map(uint64_t size, uint64_t offset) const;
 
  private:

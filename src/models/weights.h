@@ -27,8 +27,9 @@ class ScopedDefaultDtype {
   caffe2::TypeMeta previous_;
 };
 
-// Copies every tensor of `file` into the module parameter/buffer of the same name, converted to the module's
-// dtype (so F16/BF16 files load into float32 modules and the reverse). Throws one sd::Error line listing the
+// Gives every tensor of `file` to the module parameter/buffer of the same name: of the module's dtype it becomes the
+// parameter's data (a large safetensors tensor stays a copy-on-write mapping of the file), otherwise it is copied,
+// converted (so F16/BF16 files load into float32 modules and the reverse). Throws one sd::Error line listing the
 // missing, unexpected and mis-shaped keys, naming the file.
 // File keys listed in `ignored` are skipped when the module has no such tensor (e.g. the `position_ids` buffer older
 // transformers versions saved and 4.35 no longer has).
