@@ -42,7 +42,9 @@ void add_textual_inversion(CLI::App& app, std::function<int()>& chosen) {
               "Write learned_embeds*.bin (torch.save format) instead of safetensors")
       ->group(task);
   flag(cmd, "--validation_prompt", o->validation_prompt, "Prompt for validation images")->group(task);
-  flag(cmd, "--num_validation_images", o->num_validation_images, "Validation images per validation")->group(task);
+  flag(cmd, "--num_validation_images", o->num_validation_images, "Validation images per validation")
+      ->check(in_range(1, 64))
+      ->group(task);
   flag(cmd, "--validation_steps", o->validation_steps, "Validate every N steps")->check(at_least(1))->group(task);
   flag(cmd, "--dataloader_num_workers", o->dataloader_num_workers,
        "Accepted; images are decoded once and cached, so no workers are needed")

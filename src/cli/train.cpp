@@ -73,19 +73,32 @@ void add_train(CLI::App& app, std::function<int()>& chosen) {
       ->group(loss);
 
   const std::string validation = "Validation";
-  cmd->add_option(flag_names("--validation_prompts"), o->validation_prompts,
-                  "Prompts to generate images for every --validation_epochs epochs (into <output_dir>/validation)")
-      ->expected(1, CLI::detail::expected_max_vector_size)
-      ->check(not_a_flag())
-      ->group(validation);
-  flag(cmd, "--validation_epochs", o->validation_epochs, "Validate every N epochs")
-      ->check(at_least(1))
-      ->group(validation);
+  auto* validation_prompts =
+      cmd->add_option(flag_names("--validation_prompts"), o->validation_prompts,
+                      "Prompts to generate images for every --validation_epochs epochs (into <output_dir>/validation)")
+          ->expected(1, CLI::detail::expected_max_vector_size)
+          ->check(not_a_flag())
+          ->group(validation);
+  // The LoRA script's form: one prompt, several images of it.
+  auto validation_prompt = std::make_shared<std::string>();
+  auto* one_prompt = flag(cmd, "--validation_prompt", *validation_prompt,
+                          "One prompt to generate --num_validation_images images for (train_text_to_image_lora.py's "
+                          "form of --validation_prompts)")
+                         ->excludes(validation_prompts)
+                         ->group(validation);
+  auto* num_images = flag(cmd, "--num_validation_images", o->num_validation_images,
+                          "Images per validation prompt (default: 4 with --validation_prompt, as the LoRA script)")
+                         ->check(in_range(1, 64))
+                         ->group(validation);
+  auto* validation_epochs = flag(cmd, "--validation_epochs", o->validation_epochs,
+                                 "Validate every N epochs (default: 1 with --lora_rank, as the LoRA script)")
+                                ->check(at_least(1))
+                                ->group(validation);
 
   const std::string lora = "LoRA (diffusers' train_text_to_image_lora.py; see docs/lora.md)";
-  auto* lora_rank = cmd->add_option(flag_names("--lora_rank"), o->lora_rank,
-                                    "Train LoRA adapters of this rank (the LoRA script's default: 4) on a frozen UNet "
-                                    "instead of the whole UNet")
+  auto* lora_rank = cmd->add_option(flag_names("--lora_rank") + ",--rank", o->lora_rank,
+                                    "Train LoRA adapters of this rank (the LoRA script's --rank, default 4) on a "
+                                    "frozen UNet instead of the whole UNet")
                         ->check(in_range(1, 4096))
                         ->group(lora);
   flag(cmd, "--lora_alpha", o->lora_alpha, "Adapter outputs are scaled by alpha / rank (default: alpha = rank)")
@@ -128,10 +141,17 @@ void add_train(CLI::App& app, std::function<int()>& chosen) {
 
   cmd->get_option("--output_dir")
       ->description("Where the results, checkpoints and logs go (sd-model-finetuned-lora with --lora_rank)");
-  cmd->callback([cmd, o, lora_rank, &chosen] {
+  cmd->callback([=, &chosen] {
     record_command_line(cmd, o->training);
     const bool lora = lora_rank->count() != 0;
+    // Where the two scripts' defaults differ, --lora_rank takes the LoRA script's.
     if (lora && cmd->get_option("--output_dir")->count() == 0) o->training.output_dir = "sd-model-finetuned-lora";
+    if (lora && validation_epochs->count() == 0) o->validation_epochs = 1;
+    if (lora) o->validation_inference_steps = 30;
+    if (one_prompt->count() != 0) {
+      o->validation_prompts = {*validation_prompt};
+      if (num_images->count() == 0) o->num_validation_images = 4;
+    }
     o->data.output_dir = o->training.output_dir;
     chosen = [o, lora] { return lora ? train::run_lora_training(*o) : train::run_unet_training(*o); };
   });

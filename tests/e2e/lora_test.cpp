@@ -5,6 +5,7 @@
 #include <torch/serialize.h>
 
 #include <fstream>
+#include <set>
 
 #include "io/atomic_file.h"
 #include "io/image.h"
@@ -136,6 +137,36 @@ TEST(LoraE2E, TrainedLoraGivesTheSameImagesFromBothFormatsMergedOrNot) {
   EXPECT_GT((from_diffusers - plain).abs().max().item<float>(), 1e-3) << "the LoRA changes the image";
   EXPECT_TRUE(sd::test::close_rel_max(from_kohya, from_diffusers, 1e-5));
   EXPECT_TRUE(sd::test::close_rel_max(fused, from_diffusers, 1e-4));
+}
+
+// The LoRA script's own flags: --rank (overriding --lora_rank), one --validation_prompt with --num_validation_images,
+// validation after every epoch by default, each image what `sdtrain generate` makes of the exported file at the
+// script's 30 steps with seed + i.
+TEST(LoraE2E, TheLoraScriptsFlagsTrainAndValidateAsItDoes) {
+  sd::test::TempDir dir;
+  const fs::path data = sd::test::write_image_folder(dir.path() / "data"), out = dir.path() / "out";
+  auto r = sd::test::run_process(
+      lora_train_command(data, out,
+                         {"--rank=2", "--max_train_steps=9", "--validation_prompt=a cat", "--num_validation_images=2"}),
+      300s);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("LoRA rank 2 alpha 2 on 88 layers"), std::string::npos) << r.output;
+  std::set<std::string> images;
+  for (const auto& entry : fs::directory_iterator(out / "validation")) images.insert(entry.path().filename().string());
+  EXPECT_EQ(images, (std::set<std::string>{"step-3-0.png", "step-3-1.png", "step-6-0.png", "step-6-1.png",
+                                           "step-9-0.png", "step-9-1.png"}));
+  // One batch of both images, as validation makes them (a batch of one may round differently).
+  sd::test::TempDir generated;
+  auto g = sd::test::run_process(
+      {sd::test::sdtrain_binary(), "generate", "--model=" + tiny_sd1().string(),
+       "--lora=" + (out / "pytorch_lora_weights.safetensors").string(), "--prompt=a cat", "--num_inference_steps=30",
+       "--num_images_per_prompt=2", "--seed=7", "--threads=1", "--output_dir=" + generated.path().string()},
+      300s);
+  ASSERT_EQ(g.exit_code, 0) << g.output;
+  EXPECT_EQ(io::read_text_file(generated.path() / "p0-s7-i0.png"),
+            io::read_text_file(out / "validation" / "step-9-0.png"));
+  EXPECT_EQ(io::read_text_file(generated.path() / "p0-s8-i1.png"),
+            io::read_text_file(out / "validation" / "step-9-1.png"));
 }
 
 // A resumed LoRA run (bf16 frozen models, EMA, accumulation, text-encoder adapters) writes the bits of an

@@ -12,8 +12,8 @@
 
 namespace sd::train {
 
-// Field names are the flag names; defaults are the diffusers script's (whose only other difference from the full
-// UNet script is its --output_dir, sd-model-finetuned-lora).
+// Field names are the flag names; defaults are the diffusers script's (whose other differences from the full UNet
+// script, --output_dir sd-model-finetuned-lora and its validation's defaults, the command line sets).
 struct LoraTrainingOptions : UNetTrainingOptions {
   int64_t lora_rank = 4;
   std::optional<double> lora_alpha;  // unset: the rank (the adapters' outputs are not rescaled)

@@ -194,13 +194,14 @@ bool UNetTrainingTask::wants_validation(int64_t step, bool last_step) const {
 }
 
 at::Tensor UNetTrainingTask::validation_images(int64_t step) {
-  // As the script's log_validation: the pipeline's own scheduler, 20 steps, its default size; image i of the
-  // prompts uses seed + i (diffusers draws them one after another from one generator seeded with the seed).
+  // As the scripts' validation: the pipeline's own scheduler, 20 steps (the LoRA script: 30), its default size;
+  // image i uses seed + i (diffusers draws them one after another from one generator seeded with the seed).
   pipe_->unet->eval();
   auto scheduler = schedulers::make_scheduler(pipe_->scheduler_config);
   pipeline::Txt2ImgOptions options;
   options.prompts = o_.validation_prompts;
-  options.num_inference_steps = 20;
+  options.num_images_per_prompt = o_.num_validation_images;
+  options.num_inference_steps = o_.validation_inference_steps;
   options.seed = context_.seed;
   const at::Tensor images = pipeline::txt2img(*pipe_, *scheduler, options).images_uint8;
   pipe_->unet->train();

@@ -23,10 +23,12 @@ struct UNetTrainingOptions {
   std::optional<double> snr_gamma;
   double noise_offset = 0;
   double input_perturbation = 0;
-  std::string prediction_type;  // "" = the scheduler config's
-  std::vector<std::string> validation_prompts;
+  std::string prediction_type;                  // "" = the scheduler config's
+  std::vector<std::string> validation_prompts;  // --validation_prompts, or the LoRA script's --validation_prompt
+  int64_t num_validation_images = 1;            // per prompt
   int64_t validation_epochs = 5;
-  bool from_scratch = false;  // sdtrain's own: UNet weights from its config's initialisation
+  int64_t validation_inference_steps = 20;  // not a flag: the script's 20, the LoRA script's 30
+  bool from_scratch = false;                // sdtrain's own: UNet weights from its config's initialisation
 
   // The reference script's defaults for the engine's flags.
   UNetTrainingOptions();
