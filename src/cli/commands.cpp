@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,58 @@ void add_launch(CLI::App& app, std::function<int()>& chosen);
 void add_dist_check(CLI::App& app, std::function<int()>& chosen);
 void add_benchmark(CLI::App& app, std::function<int()>& chosen);
 void add_report(CLI::App& app, std::function<int()>& chosen);
+
+namespace {
+
+// Levenshtein distance: how many one-character edits turn `a` into `b`.
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t substituted = diagonal + (a[i - 1] == b[j - 1] ? 0 : 1);
+      diagonal = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, substituted});
+    }
+  }
+  return row[b.size()];
+}
+
+// The long flags `command` takes, with their dashes (and the app's own, such as --help-all, which every subcommand
+// passes up).
+std::vector<std::string> long_flags(const CLI::App& app, const CLI::App& command) {
+  std::vector<std::string> names;
+  for (const CLI::App* owner : {&command, &app})
+    for (const CLI::Option* option : owner->get_options())
+      for (const std::string& name : option->get_lnames()) names.push_back("--" + name);
+  return names;
+}
+
+// CLI11 reports an unknown flag only after any missing required one, and as "The following arguments were not
+// expected: <its value> <the flag>". A mistyped or foreign flag is named first here, with the flag it most likely
+// meant. Everything after a bare "--" belongs to another command line (launch's).
+std::optional<std::string> unknown_flag_error(const CLI::App& app, const CLI::App& command, int argc, char** argv) {
+  const std::vector<std::string> known = long_flags(app, command);
+  for (int i = 2; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--") break;
+    if (arg.rfind("--", 0) != 0) continue;
+    const std::string name = arg.substr(0, arg.find('='));
+    if (std::find(known.begin(), known.end(), name) != known.end()) continue;
+    std::string error = fmt::format("{} has no flag {}", command.get_name(), name);
+    const auto nearest = std::min_element(known.begin(), known.end(), [&](const auto& a, const auto& b) {
+      return edit_distance(name, a) < edit_distance(name, b);
+    });
+    if (nearest != known.end() && edit_distance(name, *nearest) <= std::max<size_t>(2, name.size() / 4))
+      error += fmt::format("; did you mean {}?", *nearest);
+    return error + fmt::format(" (see sdtrain {} --help)", command.get_name());
+  }
+  return std::nullopt;
+}
+
+}  // namespace
 
 int run(int argc, char** argv) {
   CLI::App app{"sdtrain: train and run Stable Diffusion (diffusers layout), natively"};
@@ -58,6 +111,10 @@ int run(int argc, char** argv) {
           fmt::format("sdtrain: error: unknown command '{}' (expected one of: {})\n", argv[1], fmt::join(names, ", "))
               .c_str(),
           stderr);
+      return 1;
+    }
+    if (const auto error = unknown_flag_error(app, *app.get_subcommand(argv[1]), argc, argv)) {
+      std::fputs(("sdtrain: error: " + *error + "\n").c_str(), stderr);
       return 1;
     }
   }

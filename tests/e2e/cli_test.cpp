@@ -68,6 +68,16 @@ TEST(Cli, Errors) {
   EXPECT_TRUE(
       sd::test::is_one_line_error(run_command(sdtrain("frobnicate")), "unknown command 'frobnicate' " + commands));
   EXPECT_TRUE(sd::test::is_one_line_error(run_command(sdtrain("trian --help")), "unknown command 'trian'"));
+  // An unknown flag is named before any missing required one, with the nearest flag when one is near.
+  EXPECT_TRUE(sd::test::is_one_line_error(
+      run_command(sdtrain("train --validation_promt 'a cat'")),
+      "train has no flag --validation_promt; did you mean --validation_prompt? (see sdtrain train --help)"));
+  EXPECT_TRUE(sd::test::is_one_line_error(run_command(sdtrain("generate --model m --prompt a --bogus=3")),
+                                          "generate has no flag --bogus (see sdtrain generate --help)"));
+  EXPECT_TRUE(
+      sd::test::is_one_line_error(run_command(sdtrain("train --pretrained_model_name_or_path m --validation_prompt a "
+                                                      "--validation_prompts b")),
+                                  "--validation_prompts excludes --validation_prompt"));
 }
 
 TEST(Cli, FlagValuesAreCheckedBeforeAnyWork) {
