@@ -1,6 +1,7 @@
 #include "cli/data_flags.h"
 
 #include "cli/flags.h"
+#include "io/image.h"
 
 namespace sd::cli {
 
@@ -17,6 +18,20 @@ void add_image_caption_flags(CLI::App* cmd, data::TrainingDataOptions& o, const 
   flag(cmd, "--caption_column", o.caption_column,
        "metadata.jsonl column of the caption (a string or a list); with --train_shards the .json key tried before "
        "'caption'")
+      ->group(group);
+  cmd->add_option_function<std::string>(
+         flag_names("--image_interpolation_mode"),
+         [&o](const std::string& name) { o.transform.interpolation = *io::resize_filter_named(name); },
+         "How images are resized, as PIL does: bilinear (diffusers 0.24's scripts), bicubic, or lanczos (the default "
+         "of later scripts)")
+      ->check(CLI::Validator(
+          [](std::string& name) -> std::string {
+            if (io::resize_filter_named(name)) return {};
+            return "'" + name +
+                   "' is not one of bilinear, bicubic, lanczos (nearest, box and hamming are not implemented)";
+          },
+          "bilinear|bicubic|lanczos"))
+      ->default_str("bilinear")
       ->group(group);
   flag(cmd, "--dataloader_num_workers", o.dataloader_num_workers,
        "Loader threads indexing shards and decoding images ahead of use (0 or 1: one thread)")

@@ -8,7 +8,8 @@
 
 namespace sd::cli {
 
-// --train_data_dir, --train_shards, --image_column, --caption_column, --dataloader_num_workers
+// --train_data_dir, --train_shards, --image_column, --caption_column, --image_interpolation_mode,
+// --dataloader_num_workers
 void add_image_caption_flags(CLI::App* cmd, data::TrainingDataOptions& o, const std::string& group);
 
 // --enable_bucket, --min_bucket_reso, --max_bucket_reso, --bucket_reso_steps

@@ -49,7 +49,7 @@ at::Tensor crop_flip_normalize(const io::RgbImage& image, Offsets origin, int wi
 
 at::Tensor train_transform(const io::RgbImage& image, const ImageTransformOptions& o, at::Generator& gen) {
   const auto [width, height] = resized_size(image.width, image.height, o.resolution);
-  const io::RgbImage resized = io::resize_bilinear(image, width, height);
+  const io::RgbImage resized = io::resize(image, width, height, o.interpolation);
   // CenterCrop rounds with Python's round(): halves to even.
   const Offsets center{static_cast<int>(std::nearbyint((height - o.resolution) / 2.0)),
                        static_cast<int>(std::nearbyint((width - o.resolution) / 2.0))};
@@ -60,7 +60,7 @@ at::Tensor train_transform(const io::RgbImage& image, const ImageTransformOption
 at::Tensor bucket_transform(const io::RgbImage& image, Resolution bucket, const ImageTransformOptions& o,
                             at::Generator& gen) {
   const BucketAssignment fit = fit_to_bucket({image.width, image.height}, bucket);
-  const io::RgbImage resized = io::resize_bilinear(image, fit.resized.width, fit.resized.height);
+  const io::RgbImage resized = io::resize(image, fit.resized.width, fit.resized.height, o.interpolation);
   const Offsets origin =
       o.center_crop ? Offsets{fit.crop_top, fit.crop_left} : random_offsets(resized, bucket.width, bucket.height, gen);
   return crop_flip_normalize(resized, origin, bucket.width, bucket.height, o, gen);

@@ -255,6 +255,34 @@ RgbImage resize_lanczos(const RgbImage& image, int width, int height) {
   return resize_with(image, width, height, kLanczos);
 }
 
+namespace {
+
+constexpr std::pair<const char*, ResizeFilter> kResizeFilterNames[] = {
+    {"bilinear", ResizeFilter::kBilinear}, {"bicubic", ResizeFilter::kBicubic}, {"lanczos", ResizeFilter::kLanczos}};
+
+}  // namespace
+
+std::optional<ResizeFilter> resize_filter_named(const std::string& name) {
+  for (const auto& [known, filter] : kResizeFilterNames)
+    if (name == known) return filter;
+  return std::nullopt;
+}
+
+std::string resize_filter_name(ResizeFilter filter) {
+  for (const auto& [name, known] : kResizeFilterNames)
+    if (filter == known) return name;
+  fail("unknown resize filter");
+}
+
+RgbImage resize(const RgbImage& image, int width, int height, ResizeFilter filter) {
+  switch (filter) {
+    case ResizeFilter::kBilinear: return resize_with(image, width, height, kBilinear);
+    case ResizeFilter::kBicubic: return resize_with(image, width, height, kBicubic);
+    case ResizeFilter::kLanczos: return resize_with(image, width, height, kLanczos);
+  }
+  fail("unknown resize filter");
+}
+
 RgbImage crop(const RgbImage& image, int top, int left, int height, int width) {
   SD_CHECK(
       top >= 0 && left >= 0 && height > 0 && width > 0 && top + height <= image.height && left + width <= image.width,

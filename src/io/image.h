@@ -53,6 +53,17 @@ RgbImage resize_bilinear(const RgbImage& image, int width, int height);
 // same machinery with the 3-lobe Lanczos filter (support 3).
 RgbImage resize_lanczos(const RgbImage& image, int width, int height);
 
+// The filters training resizes with, by torchvision's InterpolationMode names (on a PIL image torchvision's Resize
+// is PIL's resize with that filter). PIL's nearest, box and hamming are not implemented.
+enum class ResizeFilter { kBilinear, kBicubic, kLanczos };
+
+// "bilinear", "bicubic" or "lanczos"; nullopt for any other name.
+std::optional<ResizeFilter> resize_filter_named(const std::string& name);
+std::string resize_filter_name(ResizeFilter filter);
+
+// resize_bilinear, resize_bicubic or resize_lanczos.
+RgbImage resize(const RgbImage& image, int width, int height, ResizeFilter filter);
+
 // The height x width region whose top-left pixel is (left, top); throws sd::Error if it does not fit.
 RgbImage crop(const RgbImage& image, int top, int left, int height, int width);
 

@@ -72,6 +72,9 @@ json content_settings(const PreprocessOptions& o, const data::ImageCaptionDatase
                      {"max_bucket_reso", o.inputs.max_bucket_reso},
                      {"bucket_reso_steps", o.inputs.bucket_reso_steps}});
   if (o.latents == "sample") settings["seed"] = o.seed;
+  // Recorded only when not the default, so that shards made before the flag existed still match.
+  if (o.inputs.transform.interpolation != io::ResizeFilter::kBilinear)
+    settings["image_interpolation_mode"] = io::resize_filter_name(o.inputs.transform.interpolation);
   return settings;
 }
 
@@ -142,7 +145,10 @@ LatentEncoder::Prepared LatentEncoder::prepare(const data::ImageCaptionDataset& 
   // Center crops without flips draw nothing from the generator the transforms take.
   at::Generator no_draws = data::stream_generator(0, data::Stream::kAugment, 0);
   for (size_t r = 0; r < options_.resolution.size(); ++r) {
-    const data::ImageTransformOptions transform{options_.resolution[r], /*center_crop=*/true, /*random_flip=*/false};
+    data::ImageTransformOptions transform = options_.inputs.transform;
+    transform.resolution = options_.resolution[r];
+    transform.center_crop = true;
+    transform.random_flip = false;
     const data::Resolution size{sample.image.width, sample.image.height};
     prepared.pixels.push_back(
         buckets_.empty()

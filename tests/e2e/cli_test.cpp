@@ -78,6 +78,10 @@ TEST(Cli, Errors) {
       sd::test::is_one_line_error(run_command(sdtrain("train --pretrained_model_name_or_path m --validation_prompt a "
                                                       "--validation_prompts b")),
                                   "--validation_prompts excludes --validation_prompt"));
+  EXPECT_TRUE(sd::test::is_one_line_error(
+      run_command(sdtrain("train --pretrained_model_name_or_path m --image_interpolation_mode nearest")),
+      "--image_interpolation_mode: 'nearest' is not one of bilinear, bicubic, lanczos (nearest, box and hamming are "
+      "not implemented)"));
 }
 
 TEST(Cli, FlagValuesAreCheckedBeforeAnyWork) {
