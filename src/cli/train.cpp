@@ -71,6 +71,14 @@ void add_train(CLI::App& app, std::function<int()>& chosen) {
   flag(cmd, "--input_perturbation", o->input_perturbation, "Scale of input perturbation (0.1 is recommended)")
       ->check(finite_number())
       ->group(loss);
+  switch_flag(cmd, "--dream_training", o->dream_training,
+              "DREAM (arXiv 2312.00210): move input and target by what a prediction without gradient misses of the "
+              "noise; one more UNet forward per micro-batch, epsilon prediction only")
+      ->group(loss);
+  flag(cmd, "--dream_detail_preservation", o->dream_detail_preservation,
+       "DREAM's p: the correction is scaled by sqrt(1 - alphas_cumprod[t])^p")
+      ->check(positive_number())
+      ->group(loss);
 
   const std::string validation = "Validation";
   auto* validation_prompts =
@@ -126,6 +134,9 @@ void add_train(CLI::App& app, std::function<int()>& chosen) {
   accepted_python_flag(cmd, "--cache_dir", true,
                        "sdtrain downloads nothing; Hub names are read from HF_HUB_CACHE (else HF_HOME/hub); ignored");
   accepted_python_flag(cmd, "--tracker_project_name", true, "metrics go to --logging_dir; ignored");
+  accepted_python_flag(cmd, "--offload_ema", false,
+                       "the EMA shadow already lives in host memory, updated within AdamW's pass; ignored");
+  accepted_python_flag(cmd, "--foreach_ema", false, "the EMA update already runs over flat buffers; ignored");
   accepted_python_flag(cmd, "--use_8bit_adam", false,
                        "bitsandbytes' 8-bit AdamW is CUDA-only; sdtrain trains with float32 AdamW state");
   std::string hub_dataset;

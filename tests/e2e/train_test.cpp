@@ -394,6 +394,10 @@ TEST(TrainE2E, BadInputs) {
                "--replay_inputs");
   expect_error({"--synthetic_data=latents", "--max_train_steps=1", "--adam_beta1=1.5", "--output_dir=" + out.string()},
                "--adam_beta1 must be in [0, 1)");
+  expect_error({"--synthetic_data=latents", "--max_train_steps=1", "--dream_training", "--prediction_type=v_prediction",
+                "--output_dir=" + out.string()},
+               "--dream_training: DREAM is defined for epsilon prediction only (as in diffusers); this run trains "
+               "v_prediction");
   expect_error({"--synthetic_data=latents", "--max_train_steps=1", "--gradient_checkpointing_levels=4",
                 "--output_dir=" + out.string()},
                "gradient checkpointing of 4 resolution levels: this UNet has 3 (its down blocks)");

@@ -24,6 +24,25 @@ DenoisingLoss::DenoisingLoss(models::UNet2DConditionModel unet, at::Tensor alpha
            "prediction_type '{}' cannot be trained (expected epsilon or v_prediction)", options_.prediction_type);
   SD_CHECK(!options_.snr_gamma || *options_.snr_gamma > 0, "--snr_gamma must be positive, got {}",
            options_.snr_gamma.value_or(0));
+  SD_CHECK(!options_.dream_training || options_.prediction_type == "epsilon",
+           "--dream_training: DREAM is defined for epsilon prediction only (as in diffusers); this run trains {}",
+           options_.prediction_type);
+}
+
+at::Tensor DenoisingLoss::predict(const at::Tensor& noisy, const at::Tensor& timesteps,
+                                  const at::Tensor& encoder_hidden_states) {
+  const at::ScalarType dtype = unet_->conv_in->weight.scalar_type();
+  return unet_->forward(noisy.to(dtype), timesteps, encoder_hidden_states.to(dtype)).to(at::kFloat);
+}
+
+void DenoisingLoss::apply_dream(at::Tensor& noisy, at::Tensor& target, const at::Tensor& noise,
+                                const at::Tensor& timesteps, const at::Tensor& encoder_hidden_states) {
+  const at::Tensor acp = alphas_cumprod_.to(at::kFloat).index({timesteps.to(at::kLong)}).view({-1, 1, 1, 1});
+  const at::Tensor sigma = (1.0 - acp).pow(0.5);
+  const at::Tensor delta =
+      (noise - predict(noisy, timesteps, encoder_hidden_states)) * sigma.pow(options_.dream_detail_preservation);
+  noisy = noisy + sigma * delta;
+  target = target + delta;
 }
 
 DenoisingLossResult DenoisingLoss::operator()(const at::Tensor& latents_in, const at::Tensor& encoder_hidden_states,
@@ -41,10 +60,9 @@ DenoisingLossResult DenoisingLoss::operator()(const at::Tensor& latents_in, cons
     target = options_.prediction_type == "epsilon"
                  ? noise
                  : schedulers::get_velocity(alphas_cumprod_, latents, noise, draws.timesteps);
+    if (options_.dream_training) apply_dream(noisy, target, noise, draws.timesteps, encoder_hidden_states);
   }
-  const at::ScalarType dtype = unet_->conv_in->weight.scalar_type();
-  const at::Tensor model_pred =
-      unet_->forward(noisy.to(dtype), draws.timesteps, encoder_hidden_states.to(dtype)).to(at::kFloat);
+  const at::Tensor model_pred = predict(noisy, draws.timesteps, encoder_hidden_states);
   DenoisingLossResult result;
   if (!options_.snr_gamma) {
     result.loss = at::mse_loss(model_pred, target);

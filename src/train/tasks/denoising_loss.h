@@ -3,6 +3,9 @@
 //   noise    += noise_offset * offset_noise                      (offset_noise: [N, C, 1, 1])
 //   noisy     = DDPM.add_noise(latents, noise + input_perturbation * perturbation, t)
 //   target    = noise (epsilon) or DDPM.get_velocity(latents, noise, t) (v_prediction)
+//   with dream_training (DREAM, arXiv 2312.00210, as diffusers' compute_dream_and_update_latents; epsilon only):
+//     delta   = (noise - unet(noisy, t, text) without gradient) * sqrt(1 - acp[t])^dream_detail_preservation
+//     noisy  += sqrt(1 - acp[t]) * delta,  target += delta
 //   loss      = mse(unet(noisy, t, text), target), or with snr_gamma the min-SNR weighted mean
 //               (arXiv 2303.09556): per-sample mse * min(snr, gamma) / snr, snr + 1 for v_prediction.
 // Latents, noise and targets stay float32; the UNet runs in its compute dtype; the loss is float32.
@@ -21,6 +24,8 @@ struct DenoisingLossOptions {
   std::optional<double> snr_gamma;
   double noise_offset = 0;
   double input_perturbation = 0;
+  bool dream_training = false;
+  double dream_detail_preservation = 1.0;
 };
 
 struct DenoisingDraws {
@@ -51,6 +56,12 @@ class DenoisingLoss {
   const DenoisingLossOptions& options() const { return options_; }
 
  private:
+  // The UNet's prediction in float32 from float32 inputs, run in the UNet's dtype.
+  at::Tensor predict(const at::Tensor& noisy, const at::Tensor& timesteps, const at::Tensor& encoder_hidden_states);
+  // DREAM's correction of the input and the target by what a prediction without gradient misses of the noise.
+  void apply_dream(at::Tensor& noisy, at::Tensor& target, const at::Tensor& noise, const at::Tensor& timesteps,
+                   const at::Tensor& encoder_hidden_states);
+
   models::UNet2DConditionModel unet_;
   at::Tensor alphas_cumprod_;
   DenoisingLossOptions options_;

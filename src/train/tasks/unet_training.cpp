@@ -57,6 +57,8 @@ UNetTrainingTask::UNetTrainingTask(const UNetTrainingOptions& o, RunContext& con
   loss_options.snr_gamma = o.snr_gamma;
   loss_options.noise_offset = o.noise_offset;
   loss_options.input_perturbation = o.input_perturbation;
+  loss_options.dream_training = o.dream_training;
+  loss_options.dream_detail_preservation = o.dream_detail_preservation;
   loss_ = std::make_unique<DenoisingLoss>(pipe_->unet, ddpm.alphas_cumprod(), loss_options);
   // Validation samples, and the exported scheduler describes, the target the UNet is trained for (diffusers' script
   // keeps the pretrained scheduler's, so its pipeline samples a --prediction_type v_prediction model as epsilon).

@@ -23,6 +23,8 @@ struct UNetTrainingOptions {
   std::optional<double> snr_gamma;
   double noise_offset = 0;
   double input_perturbation = 0;
+  bool dream_training = false;
+  double dream_detail_preservation = 1.0;
   std::string prediction_type;                  // "" = the scheduler config's
   std::vector<std::string> validation_prompts;  // --validation_prompts, or the LoRA script's --validation_prompt
   int64_t num_validation_images = 1;            // per prompt
