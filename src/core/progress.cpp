@@ -30,11 +30,14 @@ void ProgressBar::update(int64_t done, const std::string& extra) {
   constexpr int kWidth = 24;
   const int filled = total_ > 0 ? static_cast<int>(kWidth * done / total_) : 0;
   std::string bar = std::string(filled, '#') + std::string(kWidth - filled, '.');
-  std::string speed = per_step >= 1.0 || per_step == 0.0 ? fmt::format("{:.2f} s/it", per_step)
-                                                         : fmt::format("{:.2f} it/s", 1.0 / per_step);
-  std::fprintf(stderr, "\r\033[K%s [%s] %lld/%lld %s ETA %s %s", label_.c_str(), bar.c_str(),
-               static_cast<long long>(done), static_cast<long long>(total_), speed.c_str(),
-               format_duration(per_step * static_cast<double>(total_ - done)).c_str(), extra.c_str());
+  std::string timing;  // none until a step has been timed since the bar began
+  if (progressed > 0) {
+    const std::string rate =
+        per_step >= 1.0 ? fmt::format("{:.2f} s/it", per_step) : fmt::format("{:.2f} it/s", 1.0 / per_step);
+    timing = fmt::format(" {} ETA {}", rate, format_duration(per_step * static_cast<double>(total_ - done)));
+  }
+  std::fprintf(stderr, "\r\033[K%s [%s] %lld/%lld%s %s", label_.c_str(), bar.c_str(), static_cast<long long>(done),
+               static_cast<long long>(total_), timing.c_str(), extra.c_str());
   std::fflush(stderr);
 }
 

@@ -1,6 +1,9 @@
 #include "pipeline/txt2img.h"
 
+#include <optional>
+
 #include "core/error.h"
+#include "core/progress.h"
 #include "pipeline/prompt_encoding.h"
 
 namespace sd::pipeline {
@@ -63,6 +66,20 @@ GenerationResult txt2img(StableDiffusion& pipe, schedulers::Scheduler& scheduler
                     hooks);
   result.images = decode_latents(pipe, latents);
   result.images_uint8 = to_uint8(result.images);
+  return result;
+}
+
+GenerationResult txt2img_with_progress(StableDiffusion& pipe, schedulers::Scheduler& scheduler,
+                                       const Txt2ImgOptions& options, const std::string& label) {
+  std::optional<ProgressBar> bar;
+  GenerationHooks hooks;
+  hooks.on_progress = [&](int done, int total) {
+    // The step count is known once txt2img has set the scheduler up: the bar starts after the first step.
+    if (!bar) bar.emplace(label, total, done);
+    bar->update(done);
+  };
+  GenerationResult result = txt2img(pipe, scheduler, options, hooks);
+  if (bar) bar->finish();
   return result;
 }
 

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <string>
 #include <utility>
 
 #include "pipeline/generation.h"
@@ -38,5 +39,10 @@ void check_txt2img_options(const Txt2ImgOptions& options, const schedulers::Sche
 // divide, bad initial latents and the option errors above.
 GenerationResult txt2img(StableDiffusion& pipe, schedulers::Scheduler& scheduler, const Txt2ImgOptions& options,
                          const GenerationHooks& hooks = {});
+
+// txt2img with a progress bar labelled `label` on the terminal (as training's validation runs it: minutes of
+// denoising on a CPU should not look like a hang).
+GenerationResult txt2img_with_progress(StableDiffusion& pipe, schedulers::Scheduler& scheduler,
+                                       const Txt2ImgOptions& options, const std::string& label);
 
 }  // namespace sd::pipeline

@@ -169,6 +169,24 @@ TEST(LoraE2E, TheLoraScriptsFlagsTrainAndValidateAsItDoes) {
             io::read_text_file(out / "validation" / "step-9-1.png"));
 }
 
+// On a terminal, validation's denoising shows a bar of its own (minutes on a CPU at real sizes); through a pipe, only
+// results.
+TEST(LoraE2E, ValidationShowsItsProgressOnATerminalOnly) {
+  sd::test::TempDir dir;
+  const fs::path data = sd::test::write_image_folder(dir.path() / "data"), out = dir.path() / "out";
+  std::string command;
+  for (const std::string& arg :
+       lora_train_command(data, out, {"--max_train_steps=3", "--validation_prompt=a cat", "--num_validation_images=1"}))
+    command += "'" + arg + "' ";
+  const std::string finished = "validation at step 3 [########################] 31/31";  // PNDM: 30 steps + 1
+  const auto on_terminal = sd::test::run_command("script -qec \"" + command + "\" /dev/null");
+  ASSERT_EQ(on_terminal.exit_code, 0) << on_terminal.output;
+  EXPECT_NE(on_terminal.output.find(finished), std::string::npos) << on_terminal.output;
+  const auto piped = sd::test::run_command(command);
+  ASSERT_EQ(piped.exit_code, 0) << piped.output;
+  EXPECT_EQ(piped.output.find("validation at step"), std::string::npos) << piped.output;
+}
+
 // A resumed LoRA run (bf16 frozen models, EMA, accumulation, text-encoder adapters) writes the bits of an
 // uninterrupted one; two ranks sharding the adapters' state train what one rank with accumulation trains.
 TEST(LoraE2E, ResumeIsBitExactAndShardedRanksMatchOneRank) {

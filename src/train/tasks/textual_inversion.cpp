@@ -220,7 +220,8 @@ at::Tensor TextualInversionTask::validation_images(int64_t step) {
   options.num_images_per_prompt = o_.num_validation_images;
   options.seed = context_.seed;
   options.height = options.width = o_.resolution;
-  return pipeline::txt2img(*pipe_, *scheduler, options).images_uint8;
+  return pipeline::txt2img_with_progress(*pipe_, *scheduler, options, fmt::format("validation at step {}", step))
+      .images_uint8;
 }
 
 void TextualInversionTask::save_full_pipeline() {

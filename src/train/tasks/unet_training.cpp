@@ -205,7 +205,9 @@ at::Tensor UNetTrainingTask::validation_images(int64_t step) {
   options.num_images_per_prompt = o_.num_validation_images;
   options.num_inference_steps = o_.validation_inference_steps;
   options.seed = context_.seed;
-  const at::Tensor images = pipeline::txt2img(*pipe_, *scheduler, options).images_uint8;
+  const at::Tensor images =
+      pipeline::txt2img_with_progress(*pipe_, *scheduler, options, fmt::format("validation at step {}", step))
+          .images_uint8;
   pipe_->unet->train();
   return images;
 }
