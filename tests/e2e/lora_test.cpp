@@ -169,9 +169,9 @@ TEST(LoraE2E, TheLoraScriptsFlagsTrainAndValidateAsItDoes) {
             io::read_text_file(out / "validation" / "step-9-1.png"));
 }
 
-// On a terminal, validation's denoising shows a bar of its own (minutes on a CPU at real sizes); through a pipe, only
-// results.
-TEST(LoraE2E, ValidationShowsItsProgressOnATerminalOnly) {
+// On a terminal, validation's denoising shows a bar of its own (minutes on a CPU at real sizes). In a log (a pipe, a
+// cluster job's file) progress is a plain line every SDTRAIN_PROGRESS_SECONDS (default 60 s: none in a short run).
+TEST(LoraE2E, ProgressShowsOnATerminalAndEveryFewSecondsInALog) {
   sd::test::TempDir dir;
   const fs::path data = sd::test::write_image_folder(dir.path() / "data"), out = dir.path() / "out";
   std::string command;
@@ -185,6 +185,14 @@ TEST(LoraE2E, ValidationShowsItsProgressOnATerminalOnly) {
   const auto piped = sd::test::run_command(command);
   ASSERT_EQ(piped.exit_code, 0) << piped.output;
   EXPECT_EQ(piped.output.find("validation at step"), std::string::npos) << piped.output;
+  EXPECT_EQ(piped.output.find("\r"), std::string::npos) << piped.output;
+
+  const auto logged = sd::test::run_command("SDTRAIN_PROGRESS_SECONDS=0.000001 " + command);
+  ASSERT_EQ(logged.exit_code, 0) << logged.output;
+  for (const std::string line :
+       {"\nsdtrain: lora 33% 1/3 ", "\nsdtrain: lora 100% 3/3 ", "\nsdtrain: validation at step 3 100% 31/31 "})
+    EXPECT_NE(logged.output.find(line), std::string::npos) << line << " in\n" << logged.output;
+  EXPECT_EQ(logged.output.find("\r"), std::string::npos) << logged.output;
 }
 
 // A resumed LoRA run (bf16 frozen models, EMA, accumulation, text-encoder adapters) writes the bits of an
