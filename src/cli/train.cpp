@@ -153,16 +153,26 @@ void add_train(CLI::App& app, std::function<int()>& chosen) {
   cmd->get_option("--output_dir")
       ->description("Where the results, checkpoints and logs go (sd-model-finetuned-lora with --lora_rank)");
   cmd->callback([=, &chosen] {
-    record_command_line(cmd, o->training);
     const bool lora = lora_rank->count() != 0;
-    // Where the two scripts' defaults differ, --lora_rank takes the LoRA script's.
-    if (lora && cmd->get_option("--output_dir")->count() == 0) o->training.output_dir = "sd-model-finetuned-lora";
-    if (lora && validation_epochs->count() == 0) o->validation_epochs = 1;
+    // Where the two scripts' defaults differ, --lora_rank takes the LoRA script's; run.json records what was used.
+    CLI::Option* output_dir = cmd->get_option("--output_dir");
+    if (lora && output_dir->count() == 0) {
+      o->training.output_dir = "sd-model-finetuned-lora";
+      output_dir->default_str(o->training.output_dir);
+    }
+    if (lora && validation_epochs->count() == 0) {
+      o->validation_epochs = 1;
+      validation_epochs->default_str("1");
+    }
     if (lora) o->validation_inference_steps = 30;
     if (one_prompt->count() != 0) {
       o->validation_prompts = {*validation_prompt};
-      if (num_images->count() == 0) o->num_validation_images = 4;
+      if (num_images->count() == 0) {
+        o->num_validation_images = 4;
+        num_images->default_str("4");
+      }
     }
+    record_command_line(cmd, o->training);
     o->data.output_dir = o->training.output_dir;
     chosen = [o, lora] { return lora ? train::run_lora_training(*o) : train::run_unet_training(*o); };
   });

@@ -2,6 +2,7 @@
 // trained by `sdtrain train --lora_rank` on the fixture images, exported in both formats, generating the same images
 // from either file, merged or not; resume and two sharded ranks reproducing one rank; one clear line for bad input.
 
+#include <nlohmann/json.hpp>
 #include <torch/serialize.h>
 
 #include <fstream>
@@ -151,6 +152,9 @@ TEST(LoraE2E, TheLoraScriptsFlagsTrainAndValidateAsItDoes) {
       300s);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("LoRA rank 2 alpha 2 on 88 layers"), std::string::npos) << r.output;
+  // run.json records the defaults the run used: the LoRA script's where they differ from the full script's.
+  const auto defaults = nlohmann::json::parse(io::read_text_file(out / "logs" / "run.json")).at("defaults");
+  EXPECT_EQ(defaults.at("validation_epochs"), "1") << defaults;
   std::set<std::string> images;
   for (const auto& entry : fs::directory_iterator(out / "validation")) images.insert(entry.path().filename().string());
   EXPECT_EQ(images, (std::set<std::string>{"step-3-0.png", "step-3-1.png", "step-6-0.png", "step-6-1.png",
