@@ -43,6 +43,12 @@ ScopedUninitializedLayers::ScopedUninitializedLayers() : previous_(layers_uninit
 
 ScopedUninitializedLayers::~ScopedUninitializedLayers() { layers_uninitialized = previous_; }
 
+torch::nn::Embedding embedding_layer(int64_t rows, int64_t dim) {
+  torch::nn::EmbeddingOptions options(rows, dim);
+  if (layers_uninitialized) options._weight(torch::empty({rows, dim}));
+  return torch::nn::Embedding(options);
+}
+
 std::pair<std::vector<int64_t>, std::vector<int64_t>> lora_adapter_shapes(at::IntArrayRef weight, int64_t rank) {
   std::vector<int64_t> down(weight.begin(), weight.end()), up{weight[0], rank};
   down[0] = rank;

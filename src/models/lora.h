@@ -7,6 +7,7 @@
 #pragma once
 #include <torch/nn/cloneable.h>
 #include <torch/nn/module.h>
+#include <torch/nn/modules/embedding.h>
 #include <torch/nn/options/conv.h>
 #include <torch/nn/options/linear.h>
 
@@ -69,6 +70,10 @@ class ScopedUninitializedLayers {
  private:
   bool previous_;
 };
+
+// torch::nn::Embedding(rows, dim), its weight drawn N(0, 1) as torch's is, unless a ScopedUninitializedLayers is
+// alive (CLIP's 49408 x 768 token embedding took a quarter of a second to draw, only to be overwritten).
+torch::nn::Embedding embedding_layer(int64_t rows, int64_t dim);
 
 // torch::nn::Linear's parameters ("weight" [out, in], "bias" [out]) and initialisation, drawn in the same order.
 class LinearImpl : public torch::nn::Cloneable<LinearImpl>, public LoraHost {

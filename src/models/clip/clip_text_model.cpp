@@ -87,8 +87,8 @@ at::Tensor ClipEncoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& 
 }
 
 ClipTextEmbeddingsImpl::ClipTextEmbeddingsImpl(const ClipTextConfig& c) {
-  token_embedding = register_module("token_embedding", nn::Embedding(c.vocab_size, c.hidden_size));
-  position_embedding = register_module("position_embedding", nn::Embedding(c.max_position_embeddings, c.hidden_size));
+  token_embedding = register_module("token_embedding", embedding_layer(c.vocab_size, c.hidden_size));
+  position_embedding = register_module("position_embedding", embedding_layer(c.max_position_embeddings, c.hidden_size));
 }
 
 at::Tensor ClipTextEmbeddingsImpl::forward(const at::Tensor& input_ids, const at::Tensor& token_embeds) {
@@ -177,12 +177,16 @@ void ClipTextModelImpl::resize_token_embeddings(int64_t n) {
   nn::Embedding& old = text_model->embeddings->token_embedding;
   const at::Tensor old_weight = old->weight;
   if (n == old_weight.size(0)) return;
-  nn::Embedding fresh(n, config_.hidden_size);  // default init N(0, 1)
+  nn::Embedding fresh = [&] {
+    ScopedUninitializedLayers filled_next;
+    return embedding_layer(n, config_.hidden_size);
+  }();
   fresh->to(old_weight.device(), old_weight.scalar_type());
   {
     torch::NoGradGuard no_grad;
     const int64_t keep = std::min(n, old_weight.size(0));
     fresh->weight.narrow(0, 0, keep).copy_(old_weight.narrow(0, 0, keep));
+    fresh->weight.narrow(0, keep, n - keep).normal_();  // only the new rows are drawn, as nn.Embedding's N(0, 1)
   }
   fresh->weight.set_requires_grad(old_weight.requires_grad());
   fresh->train(old->is_training());

@@ -300,6 +300,11 @@ TEST(ClipTextModel, ResizeTokenEmbeddingsForTextualInversion) {
   EXPECT_TRUE(at::equal(out.pooler_output[0], out.last_hidden_state[0][3]));
   out.last_hidden_state.sum().backward();
   EXPECT_GT(w.grad()[49408].abs().sum().item<float>(), 0.0f);
+  // Growing by many rows draws each new one N(0, 1), as a fresh nn.Embedding is.
+  model->resize_token_embeddings(49408 + 1000);
+  const at::Tensor added = model->token_embedding()->weight.detach().narrow(0, 49409, 999);
+  EXPECT_NEAR(added.mean().item<double>(), 0.0, 0.01);
+  EXPECT_NEAR(added.std().item<double>(), 1.0, 0.01);
   // Shrinking keeps the leading rows.
   model->resize_token_embeddings(100);
   EXPECT_TRUE(at::equal(model->token_embedding()->weight, before.narrow(0, 0, 100)));
