@@ -64,7 +64,7 @@ TextualInversionDataset::TextualInversionDataset(TextualInversionDatasetOptions 
   for (const auto& path : paths_) {
     io::RgbImage image = io::load_image_rgb(path);
     if (options_.center_crop) image = io::center_crop_square(image);
-    images_.push_back(io::resize_bicubic(image, options_.resolution, options_.resolution));
+    images_.push_back(io::resize(image, options_.resolution, options_.resolution, io::ResizeFilter::kBicubic));
   }
 }
 

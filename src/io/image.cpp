@@ -241,22 +241,6 @@ RgbImage resize_with(const RgbImage& image, int width, int height, const Filter&
   return out;
 }
 
-}  // namespace
-
-RgbImage resize_bicubic(const RgbImage& image, int width, int height) {
-  return resize_with(image, width, height, kBicubic);
-}
-
-RgbImage resize_bilinear(const RgbImage& image, int width, int height) {
-  return resize_with(image, width, height, kBilinear);
-}
-
-RgbImage resize_lanczos(const RgbImage& image, int width, int height) {
-  return resize_with(image, width, height, kLanczos);
-}
-
-namespace {
-
 constexpr std::pair<const char*, ResizeFilter> kResizeFilterNames[] = {
     {"bilinear", ResizeFilter::kBilinear}, {"bicubic", ResizeFilter::kBicubic}, {"lanczos", ResizeFilter::kLanczos}};
 

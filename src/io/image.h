@@ -42,26 +42,20 @@ RgbImage load_image_rgb(const std::filesystem::path& path);
 // rows (h - c) // 2 : (h + c) // 2 and columns likewise.
 RgbImage center_crop_square(const RgbImage& image);
 
-// PIL's Image.resize(size, Image.BICUBIC): separable, antialiased (support scaled by the downscale factor),
-// fixed-point with 22 fractional bits, horizontal pass first, each pass rounded and clamped to 0..255.
-RgbImage resize_bicubic(const RgbImage& image, int width, int height);
-
-// PIL's Image.resize(size, Image.BILINEAR): the same machinery with the triangle filter (support 1).
-RgbImage resize_bilinear(const RgbImage& image, int width, int height);
-
-// PIL's Image.resize(size, Image.LANCZOS), which diffusers' VaeImageProcessor uses (img2img's init image): the
-// same machinery with the 3-lobe Lanczos filter (support 3).
-RgbImage resize_lanczos(const RgbImage& image, int width, int height);
-
-// The filters training resizes with, by torchvision's InterpolationMode names (on a PIL image torchvision's Resize
-// is PIL's resize with that filter). PIL's nearest, box and hamming are not implemented.
-enum class ResizeFilter { kBilinear, kBicubic, kLanczos };
+// PIL's Image.resize filters, by torchvision's InterpolationMode names (on a PIL image torchvision's Resize is PIL's
+// resize with that filter). PIL's nearest, box and hamming are not implemented.
+enum class ResizeFilter {
+  kBilinear,  // Image.BILINEAR: the triangle filter (support 1); train_text_to_image.py 0.24's Resize
+  kBicubic,   // Image.BICUBIC: textual_inversion.py's resize
+  kLanczos,   // Image.LANCZOS: the 3-lobe Lanczos filter (support 3); diffusers' VaeImageProcessor (img2img)
+};
 
 // "bilinear", "bicubic" or "lanczos"; nullopt for any other name.
 std::optional<ResizeFilter> resize_filter_named(const std::string& name);
 std::string resize_filter_name(ResizeFilter filter);
 
-// resize_bilinear, resize_bicubic or resize_lanczos.
+// PIL's Image.resize(size, filter) bit for bit: separable, antialiased (support scaled by the downscale factor),
+// fixed-point with 22 fractional bits, horizontal pass first, each pass rounded and clamped to 0..255.
 RgbImage resize(const RgbImage& image, int width, int height, ResizeFilter filter);
 
 // The height x width region whose top-left pixel is (left, top); throws sd::Error if it does not fit.

@@ -36,7 +36,7 @@ at::Tensor preprocess_image(const io::RgbImage& image, int64_t multiple) {
   const int width = image.width - image.width % m, height = image.height - image.height % m;
   SD_CHECK(width > 0 && height > 0, "init image of {}x{} is smaller than {} pixels, the VAE's scale factor",
            image.width, image.height, multiple);
-  io::RgbImage sized = io::resize_lanczos(image, width, height);
+  io::RgbImage sized = io::resize(image, width, height, io::ResizeFilter::kLanczos);
   const at::Tensor pixels =
       at::from_blob(sized.pixels.data(), {height, width, 3}, at::kByte).permute({2, 0, 1}).unsqueeze(0);
   return pixels.to(at::kFloat) / 255.0 * 2.0 - 1.0;

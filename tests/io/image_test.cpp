@@ -47,7 +47,7 @@ TEST_F(ImagePreprocessing, CenterCropAndBicubicResizeMatchPilExactly) {
   // Fed PIL's decoded pixels, the crop and resize must reproduce PIL's output bit for bit.
   for (int i : {0, 1, 2}) {
     RgbImage decoded = from_tensor(golden.at(std::to_string(i) + ".decoded_rgb_uint8"));
-    RgbImage resized = resize_bicubic(center_crop_square(decoded), 64, 64);
+    RgbImage resized = resize(center_crop_square(decoded), 64, 64, ResizeFilter::kBicubic);
     EXPECT_TRUE(at::equal(as_tensor(resized), golden.at(std::to_string(i) + ".resized_uint8"))) << kImages[i];
   }
 }
@@ -55,7 +55,7 @@ TEST_F(ImagePreprocessing, CenterCropAndBicubicResizeMatchPilExactly) {
 TEST(Image, UpscaleAndNonSquareResize) {
   // Upscaling uses the unscaled filter support; a flat image stays flat in every direction and size.
   RgbImage flat{3, 5, std::vector<uint8_t>(3 * 5 * 3, 77)};
-  RgbImage up = resize_bicubic(flat, 8, 4);
+  RgbImage up = resize(flat, 8, 4, ResizeFilter::kBicubic);
   EXPECT_EQ(up.width, 8);
   EXPECT_EQ(up.height, 4);
   for (uint8_t v : up.pixels) EXPECT_EQ(v, 77);
@@ -99,12 +99,10 @@ TEST(Image, EveryFilterResizesExactlyAsPil) {
   // sizes that scale down, up, one axis only, and down in one axis while up in the other.
   const std::string input = file_bytes(sd::test::fixtures() / "resize" / "input.rgb");
   const RgbImage image{53, 37, std::vector<uint8_t>(input.begin(), input.end())};
-  const std::pair<const char*, std::function<RgbImage(const RgbImage&, int, int)>> filters[] = {
-      {"bilinear", resize_bilinear}, {"bicubic", resize_bicubic}, {"lanczos", resize_lanczos}};
-  for (const auto& [filter, resize] : filters) {
+  for (const char* filter : {"bilinear", "bicubic", "lanczos"}) {
     for (auto [width, height] : {std::pair{24, 17}, {31, 37}, {53, 20}, {80, 59}, {7, 5}, {40, 61}}) {
       const std::string name = fmt::format("{}_{}x{}", filter, width, height);
-      const RgbImage resized = resize(image, width, height);
+      const RgbImage resized = resize(image, width, height, resize_filter_named(filter).value());
       ASSERT_EQ(resized.width, width) << name;
       ASSERT_EQ(resized.height, height) << name;
       EXPECT_TRUE(std::string(resized.pixels.begin(), resized.pixels.end()) ==

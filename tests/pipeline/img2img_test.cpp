@@ -57,7 +57,7 @@ std::vector<double> resample_line(const std::vector<double>& in, int out_size) {
 
 TEST(Img2ImgPreprocess, LanczosResizeIsPilsFilterWithinOneLevel) {
   const io::RgbImage image = pattern(70, 45);
-  const io::RgbImage resized = io::resize_lanczos(image, 52, 31);
+  const io::RgbImage resized = io::resize(image, 52, 31, io::ResizeFilter::kLanczos);
   ASSERT_EQ(resized.width, 52);
   ASSERT_EQ(resized.height, 31);
   int worst = 0;
@@ -85,7 +85,7 @@ TEST(Img2ImgPreprocess, RoundsDownToTheVaeFactorAndMapsPixelsToMinusOneOne) {
   const at::Tensor pre = preprocess_image(image, 4);
   ASSERT_EQ(pre.sizes(), at::IntArrayRef({1, 3, 44, 68}));
   EXPECT_EQ(pre.scalar_type(), at::kFloat);
-  const io::RgbImage resized = io::resize_lanczos(image, 68, 44);
+  const io::RgbImage resized = io::resize(image, 68, 44, io::ResizeFilter::kLanczos);
   for (const auto& [y, x, ch] : std::vector<std::tuple<int, int, int>>{{0, 0, 0}, {43, 67, 2}, {20, 31, 1}}) {
     const float expected = static_cast<float>(resized.row(y)[x * 3 + ch]) / 255.0f * 2.0f - 1.0f;
     EXPECT_EQ(pre[0][ch][y][x].item<float>(), expected);
