@@ -383,9 +383,10 @@ TEST(TrainE2E, BadInputs) {
   expect_error({"--synthetic_data=latents", "--max_train_steps=1", "--global_batch_size=3", "--train_batch_size=2",
                 "--output_dir=" + out.string()},
                "--global_batch_size 3 must be a multiple of --train_batch_size 2");
-  expect_error({"--synthetic_data=latents", "--max_train_steps=1", "--validation_prompts", "a cat",
-                "--output_dir=" + out.string()},
-               "--validation_prompts needs the VAE and text encoder");
+  for (const char* prompt_flag : {"--validation_prompts", "--validation_prompt"})
+    expect_error(
+        {"--synthetic_data=latents", "--max_train_steps=1", prompt_flag, "a cat", "--output_dir=" + out.string()},
+        "validation prompts (--validation_prompt, --validation_prompts) need the VAE and text encoder");
   expect_error({"--replay_inputs=" + sd::test::golden("tiny-sd1/unet_training_replay.safetensors").string(),
                 "--train_batch_size=3", "--output_dir=" + out.string()},
                "holds a batch of 2, but this run's global batch is 3");

@@ -44,8 +44,8 @@ UNetTrainingTask::UNetTrainingTask(const UNetTrainingOptions& o, RunContext& con
       unet_dtype_(unet_dtype) {
   const bool with_encoders = data::needs_encoders(data::data_kind(o.data));
   SD_CHECK(o.validation_prompts.empty() || with_encoders,
-           "--validation_prompts needs the VAE and text encoder, which --train_latents, --synthetic_data latents and "
-           "--replay_inputs run without");
+           "validation prompts (--validation_prompt, --validation_prompts) need the VAE and text encoder, which "
+           "--train_latents, --synthetic_data latents and --replay_inputs run without");
   const int resolution = o.data.transform.resolution;
   SD_CHECK(resolution > 0 && resolution % 8 == 0, "--resolution {} must be a positive multiple of 8", resolution);
   load_models(with_encoders);
