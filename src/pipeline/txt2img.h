@@ -40,8 +40,8 @@ void check_txt2img_options(const Txt2ImgOptions& options, const schedulers::Sche
 GenerationResult txt2img(StableDiffusion& pipe, schedulers::Scheduler& scheduler, const Txt2ImgOptions& options,
                          const GenerationHooks& hooks = {});
 
-// txt2img with a progress bar labelled `label` on the terminal (as training's validation runs it: minutes of
-// denoising on a CPU should not look like a hang).
+// txt2img with a progress bar labelled `label` (core/progress.h: redrawn on a terminal, a line now and then in a
+// log), as training's validation runs it: minutes of denoising on a CPU should not look like a hang.
 GenerationResult txt2img_with_progress(StableDiffusion& pipe, schedulers::Scheduler& scheduler,
                                        const Txt2ImgOptions& options, const std::string& label);
 
