@@ -308,8 +308,8 @@ void add_generate(CLI::App& app, std::function<int()>& chosen) {
   repeated_flag(cmd, "--embeddings", o->embeddings,
                 "A textual-inversion embedding file (diffusers learned_embeds or A1111 format; repeatable)");
   repeated_flag(cmd, "--lora", o->loras,
-                "A LoRA file (diffusers pytorch_lora_weights.safetensors or .bin, or kohya/A1111 format) or a folder "
-                "holding pytorch_lora_weights.*; repeatable");
+                "A LoRA file (diffusers pytorch_lora_weights.safetensors or .bin, kohya/A1111 format, or LyCORIS "
+                "LoCon/LoHa/LoKr) or a folder holding pytorch_lora_weights.*; repeatable");
   repeated_flag(
       cmd, "--lora_scale", o->lora_scales,
       "Strength of the --lora given in the same position (default 1; diffusers' cross_attention_kwargs scale)");

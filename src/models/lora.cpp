@@ -82,6 +82,15 @@ void LoraHost::merge_adapters() {
   adapters_.clear();
 }
 
+void LoraHost::add_to_weight(const at::Tensor& delta, double multiplier, const std::string& what) {
+  at::NoGradGuard no_grad;
+  at::Tensor& weight = base_weight();
+  SD_CHECK(delta.numel() == weight.numel(), "{}: an update of {} values does not fit the layer's weight {}", what,
+           delta.numel(), shape_str(weight.sizes()));
+  const at::ScalarType dtype = at::promote_types(weight.scalar_type(), at::kFloat);
+  weight.copy_(weight.to(dtype).add_(delta.to(dtype).reshape(weight.sizes()), multiplier));
+}
+
 at::Tensor LoraHost::add_adapter_outputs(const at::Tensor& x, const at::Tensor& base_output) const {
   at::Tensor out = base_output;
   for (const LoraAdapter& a : adapters_) {

@@ -40,6 +40,10 @@ class LoraHost {
   // dropped, as diffusers' fuse_lora does.
   void merge_adapters();
   void remove_adapters() { adapters_.clear(); }
+  // weight += multiplier · delta, delta holding as many values as the weight (a LyCORIS LoHa or LoKr update, which
+  // is not a low-rank product, so it is merged rather than attached). Summed in at least float32, as merge_adapters.
+  // Throws sd::Error naming `what` unless the sizes fit.
+  void add_to_weight(const at::Tensor& delta, double multiplier, const std::string& what);
 
   // [out, in] or [out, in, kh, kw]: what the adapters must fit.
   virtual at::IntArrayRef base_weight_shape() const = 0;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <set>
 
 #include "core/error.h"
 #include "io/safetensors.h"
@@ -40,13 +41,30 @@ std::map<std::string, models::LoraHost*> hosts_by_path(StableDiffusion& pipe, Lo
   return hosts;
 }
 
-enum class Part { kDown, kUp, kAlpha };
+// The pipeline's adaptable layers by component and module path, gathered once per component on first use.
+class PipelineLayers {
+ public:
+  explicit PipelineLayers(StableDiffusion& pipe) : pipe_(pipe) {}
 
-// Where one key of a file goes.
+  // Throws sd::Error naming `source` unless the component has the layer.
+  models::LoraHost& at(LoraComponent c, const std::string& module, const std::string& source) {
+    if (!hosts_.count(c)) hosts_[c] = hosts_by_path(pipe_, c);
+    const auto it = hosts_[c].find(module);
+    SD_CHECK(it != hosts_[c].end(), "{}: {} has no Linear or Conv2d layer '{}'", source, component_label(c), module);
+    return *it->second;
+  }
+
+ private:
+  StableDiffusion& pipe_;
+  std::map<LoraComponent, std::map<std::string, models::LoraHost*>> hosts_;
+};
+
+// Where one key of a file goes. `part` is "down", "up" or "alpha" for a LoRA, else LyCORIS' own name (hada_w1_a,
+// lokr_w2, ...).
 struct KeyTarget {
   LoraComponent component;
   std::string module;
-  Part part;
+  std::string part;
 };
 
 bool ends_with(const std::string& s, const std::string& suffix) {
@@ -57,12 +75,9 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 std::optional<KeyTarget> parse_diffusers_key(const std::string& key) {
   static const std::vector<std::pair<std::string, LoraComponent>> prefixes = {
       {"unet.", LoraComponent::kUNet}, {"text_encoder.", LoraComponent::kTextEncoder}};
-  static const std::vector<std::pair<std::string, Part>> suffixes = {{".lora.down.weight", Part::kDown},
-                                                                     {".lora.up.weight", Part::kUp},
-                                                                     {".lora_linear_layer.down.weight", Part::kDown},
-                                                                     {".lora_linear_layer.up.weight", Part::kUp},
-                                                                     {".lora_A.weight", Part::kDown},
-                                                                     {".lora_B.weight", Part::kUp}};
+  static const std::vector<std::pair<std::string, std::string>> suffixes = {
+      {".lora.down.weight", "down"},          {".lora.up.weight", "up"},  {".lora_linear_layer.down.weight", "down"},
+      {".lora_linear_layer.up.weight", "up"}, {".lora_A.weight", "down"}, {".lora_B.weight", "up"}};
   for (const auto& [prefix, component] : prefixes) {
     if (key.rfind(prefix, 0) != 0) continue;
     for (const auto& [suffix, part] : suffixes)
@@ -72,13 +87,19 @@ std::optional<KeyTarget> parse_diffusers_key(const std::string& key) {
   return std::nullopt;
 }
 
-// lora_unet_<module with _>.lora_down.weight etc.; the module path is found among the model's layers (`paths`:
-// kohya stem -> module path, over both components). nullopt for a key of another shape.
+// lora_unet_<module with _>.lora_down.weight, .hada_w1_a etc.; the module path is found among the model's layers
+// (`paths`: kohya stem -> module path, over both components). nullopt for a key of another shape.
 std::optional<KeyTarget> parse_kohya_key(const std::string& key,
                                          const std::map<std::string, std::pair<LoraComponent, std::string>>& paths,
                                          const std::string& file) {
-  static const std::vector<std::pair<std::string, Part>> suffixes = {
-      {".lora_down.weight", Part::kDown}, {".lora_up.weight", Part::kUp}, {".alpha", Part::kAlpha}};
+  static const std::vector<std::pair<std::string, std::string>> suffixes = [] {
+    std::vector<std::pair<std::string, std::string>> lora = {
+        {".lora_down.weight", "down"}, {".lora_up.weight", "up"}, {".alpha", "alpha"}};
+    for (const char* part : {"hada_w1_a", "hada_w1_b", "hada_w2_a", "hada_w2_b", "hada_t1", "hada_t2", "lokr_w1",
+                             "lokr_w1_a", "lokr_w1_b", "lokr_w2", "lokr_w2_a", "lokr_w2_b", "lokr_t2"})
+      lora.emplace_back(std::string(".") + part, part);  // LyCORIS' parts keep their names
+    return lora;
+  }();
   if (key.rfind("lora_unet_", 0) != 0 && key.rfind("lora_te_", 0) != 0) return std::nullopt;
   for (const auto& [suffix, part] : suffixes) {
     if (!ends_with(key, suffix)) continue;
@@ -90,6 +111,93 @@ std::optional<KeyTarget> parse_kohya_key(const std::string& key,
     return KeyTarget{it->second.first, it->second.second, part};
   }
   return std::nullopt;
+}
+
+// One layer's tensors in a file, by part name (KeyTarget::part).
+using Parts = std::map<std::string, at::Tensor>;
+
+enum class ModuleKind { kLora, kLoha, kLokr };
+
+// What a layer's parts make: a LoRA (down, up), a LoHa (hada_*) or a LoKr (lokr_*), each with an optional alpha.
+ModuleKind kind_of(const Parts& parts, const std::string& layer) {
+  std::set<ModuleKind> kinds;
+  for (const auto& [part, tensor] : parts) {
+    if (part == "down" || part == "up") kinds.insert(ModuleKind::kLora);
+    if (part.rfind("hada_", 0) == 0) kinds.insert(ModuleKind::kLoha);
+    if (part.rfind("lokr_", 0) == 0) kinds.insert(ModuleKind::kLokr);
+  }
+  SD_CHECK(!kinds.empty(), "{} has an alpha but no weights", layer);
+  SD_CHECK(kinds.size() == 1, "{} mixes the keys of LoRA (lora_down/lora_up), LoHa (hada_*) and LoKr (lokr_*)", layer);
+  return *kinds.begin();
+}
+
+// up·down with their trailing dimensions flattened: [out, in·kh·kw].
+at::Tensor low_rank_product(const at::Tensor& up, const at::Tensor& down) {
+  return at::mm(up.flatten(1), down.flatten(1));
+}
+
+// LyCORIS' Tucker form of a kxk conv's factor: core [r, r, kh, kw], up [r, out], down [r, in] ->
+// [out, in, kh, kw] = Σ_ab core[a, b]·up[a, out]·down[b, in].
+at::Tensor tucker_product(const at::Tensor& core, const at::Tensor& up, const at::Tensor& down) {
+  return at::einsum("abhw,ao,bi->oihw", {core, up, down});
+}
+
+// LoHa factor n (1 or 2), shaped as the layer's weight: hada_wn_a·hada_wn_b, or their Tucker product with hada_tn.
+at::Tensor loha_factor(const Parts& p, const std::string& n, at::IntArrayRef weight) {
+  const at::Tensor &up = p.at("hada_w" + n + "_a"), &down = p.at("hada_w" + n + "_b");
+  const auto core = p.find("hada_t" + n);
+  return (core != p.end() ? tucker_product(core->second, up, down) : low_rank_product(up, down)).reshape(weight);
+}
+
+// LoKr's w1 or w2: the whole factor, or the product of its _a and _b (for w2 of a conv, in Tucker form with lokr_t2).
+at::Tensor lokr_factor(const Parts& p, const std::string& n) {
+  const std::string w = "lokr_w" + n;
+  if (p.count(w)) return p.at(w);
+  const auto core = p.find("lokr_t" + n);
+  return core != p.end() ? tucker_product(core->second, p.at(w + "_a"), p.at(w + "_b"))
+                         : low_rank_product(p.at(w + "_a"), p.at(w + "_b"));
+}
+
+// A LoHa or LoKr module's weight update (A1111's network_hada / network_lokr), times alpha / dim, where dim is the
+// rank of its low-rank products (w1_b's for LoHa; w2_b's, else w1_b's, for LoKr). Without an alpha or a rank (a
+// LoKr of whole factors) the update is taken as it is.
+//   LoHa (FedPara, arXiv 2108.06098): ΔW = (w1_a·w1_b) ⊙ (w2_a·w2_b)
+//   LoKr (arXiv 2309.14859):         ΔW = w1 ⊗ w2 (Kronecker; w1 [a, b] acts as [a, b, 1, 1] beside a conv's w2)
+at::Tensor lycoris_update(const Parts& p, ModuleKind kind, at::IntArrayRef weight, std::optional<double> alpha,
+                          const std::string& layer) {
+  const bool loha = kind == ModuleKind::kLoha;
+  if (loha) {
+    std::vector<std::string> missing;
+    for (const char* part : {"hada_w1_a", "hada_w1_b", "hada_w2_a", "hada_w2_b"})
+      if (!p.count(part)) missing.push_back(part);
+    SD_CHECK(missing.empty(), "{}: a LoHa module needs hada_w1_a, hada_w1_b, hada_w2_a and hada_w2_b; {} missing",
+             layer, fmt::join(missing, ", "));
+  } else {
+    for (const std::string n : {"1", "2"})
+      SD_CHECK(p.count("lokr_w" + n) || (p.count("lokr_w" + n + "_a") && p.count("lokr_w" + n + "_b")),
+               "{}: a LoKr module needs lokr_w{} or both lokr_w{}_a and lokr_w{}_b", layer, n, n, n);
+  }
+  const char* rank_part = loha ? "hada_w1_b" : p.count("lokr_w2_b") ? "lokr_w2_b" : "lokr_w1_b";
+  at::Tensor update;
+  double multiplier = 1;
+  try {
+    if (alpha && p.count(rank_part)) multiplier = *alpha / static_cast<double>(p.at(rank_part).size(0));
+    if (loha) {
+      update = loha_factor(p, "1", weight) * loha_factor(p, "2", weight);
+    } else {
+      const at::Tensor w1 = lokr_factor(p, "1"), w2 = lokr_factor(p, "2");
+      // at::kron of 1.13 views its second operand, so a Tucker product (not contiguous) is made contiguous first.
+      update =
+          at::kron(w2.dim() == 4 ? w1.reshape({w1.size(0), w1.size(1), 1, 1}) : w1, w2.contiguous()).reshape(weight);
+    }
+  } catch (const std::exception&) {  // c10::Error from sizes and products, std::runtime_error from reshape
+    std::vector<std::string> shapes;
+    for (const auto& [part, tensor] : p)
+      if (part != "alpha") shapes.push_back(fmt::format("{} [{}]", part, fmt::join(tensor.sizes(), ", ")));
+    fail("{}: the {} factors {} do not make the layer's weight [{}]", layer, loha ? "LoHa" : "LoKr",
+         fmt::join(shapes, ", "), fmt::join(weight, ", "));
+  }
+  return update * multiplier;
 }
 
 // Kohya stem of every adaptable layer of the pipeline's models.
@@ -146,18 +254,17 @@ void save_lora_file(const fs::path& path, const LoraWeights& weights, LoraFormat
   io::save_safetensors(path, tensors, header);
 }
 
-LoraWeights load_lora_file(const fs::path& given, StableDiffusion& pipe) {
+LoraFileContents load_lora_file(const fs::path& given, StableDiffusion& pipe) {
   const fs::path path = lora_file_in(given);
   const std::unique_ptr<io::TensorFile> opened = io::open_tensor_file(path);
   const io::TensorFile& file = *opened;
   const std::string name = path.string();
   std::optional<std::map<std::string, std::pair<LoraComponent, std::string>>> kohya;  // built on the first kohya key
-  struct Pending {
-    at::Tensor down, up;
-    std::optional<double> alpha;
-  };
-  std::map<std::pair<LoraComponent, std::string>, Pending> modules;
+  std::map<std::pair<LoraComponent, std::string>, Parts> modules;
   for (const std::string& key : file.names()) {
+    // kohya names SDXL's two text encoders te1 and te2.
+    SD_CHECK(key.rfind("lora_te1_", 0) != 0 && key.rfind("lora_te2_", 0) != 0,
+             "{}: an SDXL LoRA (key '{}'); sdtrain runs SD-1.x and SD-2.x models", name, key);
     std::optional<KeyTarget> target = parse_diffusers_key(key);
     if (!target && key.rfind("lora_", 0) == 0) {
       if (!kohya) kohya = kohya_paths(pipe);
@@ -165,39 +272,53 @@ LoraWeights load_lora_file(const fs::path& given, StableDiffusion& pipe) {
     }
     SD_CHECK(target,
              "{}: unknown key '{}' (expected diffusers' unet.<module>.lora.down.weight or kohya's "
-             "lora_unet_<module>.lora_down.weight and their text-encoder and up/alpha twins)",
+             "lora_unet_<module>.lora_down.weight, LyCORIS' .hada_w1_a (LoHa) or .lokr_w1 (LoKr), and their "
+             "text-encoder, up and alpha twins)",
              name, key);
-    Pending& m = modules[{target->component, target->module}];
     const at::Tensor value = file.read(key).to(at::kFloat);
-    if (target->part == Part::kDown) m.down = value;
-    if (target->part == Part::kUp) m.up = value;
-    if (target->part == Part::kAlpha) {
-      SD_CHECK(value.numel() == 1, "{}: '{}': alpha must be a single number, got {} values", name, key, value.numel());
-      m.alpha = value.item<double>();
-    }
+    SD_CHECK(target->part != "alpha" || value.numel() == 1, "{}: '{}': alpha must be a single number, got {} values",
+             name, key, value.numel());
+    modules[{target->component, target->module}][target->part] = value;
   }
   SD_CHECK(!modules.empty(), "{}: no LoRA weights in the file", name);
-  LoraWeights weights;
-  for (auto& [where, m] : modules) {
-    SD_CHECK(m.down.defined() && m.up.defined(), "{}: layer {} has {} weight but no {} weight", name, where.second,
-             m.down.defined() ? "a down" : "an up", m.down.defined() ? "up" : "down");
-    SD_CHECK(m.down.dim() >= 2, "{}: layer {}: the down weight must be [rank, in] or [rank, in, kh, kw]", name,
-             where.second);
-    const double rank = static_cast<double>(m.down.size(0));
-    weights.push_back({where.first, where.second, m.down, m.up, m.alpha.value_or(rank)});
+  LoraFileContents contents;
+  PipelineLayers layers(pipe);  // the shapes LyCORIS updates take
+  for (auto& [where, parts] : modules) {
+    const std::string layer = fmt::format("{}: layer {}", name, where.second);
+    const std::optional<double> alpha =
+        parts.count("alpha") ? std::optional<double>(parts.at("alpha").item<double>()) : std::nullopt;
+    const ModuleKind kind = kind_of(parts, layer);
+    switch (kind) {
+      case ModuleKind::kLora: {
+        const at::Tensor &down = parts["down"], &up = parts["up"];
+        SD_CHECK(down.defined() && up.defined(), "{} has {} weight but no {} weight", layer,
+                 down.defined() ? "a down" : "an up", down.defined() ? "up" : "down");
+        SD_CHECK(down.dim() >= 2, "{}: the down weight must be [rank, in] or [rank, in, kh, kw]", layer);
+        contents.adapters.push_back({where.first, where.second, down, up, alpha.value_or(down.size(0))});
+        break;
+      }
+      case ModuleKind::kLoha:
+      case ModuleKind::kLokr: {
+        const at::IntArrayRef weight = layers.at(where.first, where.second, name).base_weight_shape();
+        contents.updates.push_back({where.first, where.second, lycoris_update(parts, kind, weight, alpha, layer)});
+        break;
+      }
+    }
   }
-  return weights;
+  return contents;
 }
 
 void attach_lora(StableDiffusion& pipe, const LoraWeights& weights, double scale, const std::string& source) {
-  std::map<LoraComponent, std::map<std::string, models::LoraHost*>> hosts;
-  for (const LoraModule& m : weights) {
-    if (!hosts.count(m.component)) hosts[m.component] = hosts_by_path(pipe, m.component);
-    const auto it = hosts[m.component].find(m.module);
-    SD_CHECK(it != hosts[m.component].end(), "{}: {} has no Linear or Conv2d layer '{}'", source,
-             component_label(m.component), m.module);
-    it->second->add_adapter({m.down, m.up, m.alpha, scale}, source + ": " + m.module);
-  }
+  PipelineLayers layers(pipe);
+  for (const LoraModule& m : weights)
+    layers.at(m.component, m.module, source).add_adapter({m.down, m.up, m.alpha, scale}, source + ": " + m.module);
+}
+
+void apply_weight_updates(StableDiffusion& pipe, const std::vector<WeightUpdate>& updates, double scale,
+                          const std::string& source) {
+  PipelineLayers layers(pipe);
+  for (const WeightUpdate& u : updates)
+    layers.at(u.component, u.module, source).add_to_weight(u.delta, scale, source + ": " + u.module);
 }
 
 void apply_lora_files(StableDiffusion& pipe, const std::vector<std::string>& files, const std::vector<double>& scales,
@@ -205,8 +326,12 @@ void apply_lora_files(StableDiffusion& pipe, const std::vector<std::string>& fil
   SD_CHECK(scales.empty() || scales.size() == files.size(),
            "--lora_scale given {} time(s) for {} --lora file(s): give one scale per --lora, in the same order",
            scales.size(), files.size());
-  for (size_t i = 0; i < files.size(); ++i)
-    attach_lora(pipe, load_lora_file(files[i], pipe), scales.empty() ? 1.0 : scales[i], files[i]);
+  for (size_t i = 0; i < files.size(); ++i) {
+    const LoraFileContents contents = load_lora_file(files[i], pipe);
+    const double scale = scales.empty() ? 1.0 : scales[i];
+    attach_lora(pipe, contents.adapters, scale, files[i]);
+    apply_weight_updates(pipe, contents.updates, scale, files[i]);
+  }
   if (!fuse) return;
   models::merge_adapters(*pipe.unet);
   models::merge_adapters(*pipe.text_encoder);

@@ -7,6 +7,9 @@
 //   kohya sd-scripts (networks/lora.py) and A1111:
 //     lora_unet_<module with '.' -> '_'>.lora_down.weight, .lora_up.weight, .alpha (a scalar; absent = rank)
 //     lora_te_<text encoder module with '.' -> '_'>..., training metadata as ss_* keys in __metadata__
+//   LyCORIS (read, as A1111 reads it), under kohya's stems: LoHa's .hada_w1_a, .hada_w1_b, .hada_w2_a, .hada_w2_b
+//     (with .hada_t1 / .hada_t2 for a kxk conv in Tucker form) and LoKr's .lokr_w1 (or .lokr_w1_a, .lokr_w1_b),
+//     .lokr_w2 (or .lokr_w2_a, .lokr_w2_b, with .lokr_t2 for a conv), with .alpha; LoCon is kohya's LoRA on convs.
 // Module paths are diffusers' / transformers' (down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q,
 // text_model.encoder.layers.0.self_attn.q_proj); conv layers (LoCon) have [r, in, kh, kw] / [out, r, 1, 1].
 #pragma once
@@ -33,6 +36,20 @@ struct LoraModule {
 };
 using LoraWeights = std::vector<LoraModule>;
 
+// One layer's whole weight update from a LyCORIS LoHa or LoKr module: not a low-rank product, so it is merged into
+// the weight (as A1111 applies every LoRA) rather than attached as an adapter.
+struct WeightUpdate {
+  LoraComponent component = LoraComponent::kUNet;
+  std::string module;
+  at::Tensor delta;  // as many values as the layer's weight, already multiplied by the file's alpha / dim
+};
+
+// What a LoRA file holds: low-rank adapters (LoRA, LoCon) and whole weight updates (LoHa, LoKr).
+struct LoraFileContents {
+  LoraWeights adapters;
+  std::vector<WeightUpdate> updates;
+};
+
 enum class LoraFormat { kDiffusers, kKohya };
 // "diffusers" | "kohya"; anything else throws sd::Error naming --lora_format.
 LoraFormat parse_lora_format(const std::string& name);
@@ -46,20 +63,26 @@ std::string diffusers_lora_key(LoraComponent component, const std::string& modul
 void save_lora_file(const std::filesystem::path& path, const LoraWeights& weights, LoraFormat format,
                     const std::map<std::string, std::string>& metadata = {});
 
-// Reads a file in either format, told apart by its key names: safetensors, or a torch.save .bin as diffusers 0.24
-// also writes; a folder stands for its pytorch_lora_weights.safetensors (else .bin), as load_lora_weights(folder)
-// reads. Kohya's names lose the dots of module paths, so they are resolved against the pipeline's own layers.
-// Throws one sd::Error line naming the file (and the key) for a missing file, an unknown key, a kohya name no layer
-// has, or a down without its up.
-LoraWeights load_lora_file(const std::filesystem::path& path, StableDiffusion& pipe);
+// Reads a file in any of the formats above, told apart by its key names: safetensors, or a torch.save .bin as
+// diffusers 0.24 also writes; a folder stands for its pytorch_lora_weights.safetensors (else .bin), as
+// load_lora_weights(folder) reads. Kohya's names lose the dots of module paths, so they are resolved against the
+// pipeline's own layers. Throws one sd::Error line naming the file (and the key or layer) for a missing file, an
+// unknown key, a kohya name no layer has, a down without its up, a LoHa or LoKr module missing a factor or whose
+// factors do not make the layer's weight.
+LoraFileContents load_lora_file(const std::filesystem::path& path, StableDiffusion& pipe);
 
 // Attaches every adapter to the pipeline's UNet or text encoder with strength `scale`. Throws one sd::Error line
 // naming `source` (the file) and the module for a layer the models do not have or shapes that do not fit it.
 void attach_lora(StableDiffusion& pipe, const LoraWeights& weights, double scale, const std::string& source);
 
-// What `generate --lora F --lora_scale S ... [--fuse_lora]` does: loads and attaches each file with its scale
-// (every scale 1 when none is given, else one per file, in order), then merges them into the weights when `fuse`
-// (diffusers' fuse_lora: faster, same images up to float rounding).
+// Adds scale · delta to each update's layer weight. Throws one sd::Error line naming `source` and the module for a
+// layer the models do not have or a delta of another size.
+void apply_weight_updates(StableDiffusion& pipe, const std::vector<WeightUpdate>& updates, double scale,
+                          const std::string& source);
+
+// What `generate --lora F --lora_scale S ... [--fuse_lora]` does: loads each file and attaches its adapters and
+// applies its weight updates with its scale (every scale 1 when none is given, else one per file, in order), then
+// merges the adapters into the weights when `fuse` (diffusers' fuse_lora: faster, same images up to float rounding).
 void apply_lora_files(StableDiffusion& pipe, const std::vector<std::string>& files, const std::vector<double>& scales,
                       bool fuse);
 

@@ -1,10 +1,12 @@
-// LoRA end to end: the reference LoRA image (golden C11) through `sdtrain generate --lora`, merged or not; a LoRA
-// trained by `sdtrain train --lora_rank` on the fixture images, exported in both formats, generating the same images
-// from either file, merged or not; resume and two sharded ranks reproducing one rank; one clear line for bad input.
+// LoRA end to end: the reference LoRA image (golden C11) through `sdtrain generate --lora`, merged or not, and
+// through LyCORIS files of the same update; a LoRA trained by `sdtrain train --lora_rank` on the fixture images,
+// exported in both formats, generating the same images from either file, merged or not; resume and two sharded ranks
+// reproducing one rank; one clear line for bad input.
 
 #include <nlohmann/json.hpp>
 #include <torch/serialize.h>
 
+#include <algorithm>
 #include <fstream>
 #include <set>
 
@@ -65,6 +67,44 @@ TEST(LoraE2E, BinaryReproducesTheDiffusersLoraImageMergedOrNot) {
     const at::Tensor expected_png = (golden[0] * 255).round().to(at::kInt);
     const at::Tensor png = png_pixels(dir.path() / "png" / "p0-s0-i0.png").to(at::kInt);
     EXPECT_LE((png - expected_png).abs().max().item<int64_t>(), 1) << "PNG pixels vs the golden image";
+  }
+}
+
+// The reference LoRA rewritten as LyCORIS modules of the same update, under kohya's names: a LoHa whose second
+// factor is all ones (ΔW = up·down ⊙ 1) and a LoKr whose first factor is [[1]] (ΔW = [[1]] ⊗ up·down), alpha = rank.
+// Both reproduce the diffusers image A1111-style (merged into the weights).
+TEST(LoraE2E, LyCorisLoHaAndLoKrOfTheReferenceUpdateReproduceItsImage) {
+  const at::Tensor golden = io::load_safetensors(sd::test::golden("tiny-sd1/lora_txt2img.safetensors")).at("image");
+  const io::TensorMap reference = io::load_safetensors(sd::test::golden("tiny-sd1/lora_diffusers.safetensors"));
+  io::TensorMap loha, lokr;
+  const std::string down_suffix = ".lora.down.weight";
+  for (const auto& [key, down] : reference) {
+    if (key.size() < down_suffix.size() ||
+        key.compare(key.size() - down_suffix.size(), down_suffix.size(), down_suffix))
+      continue;
+    const std::string module = key.substr(5, key.size() - 5 - down_suffix.size());  // after "unet."
+    std::string stem = "lora_unet_" + module;
+    std::replace(stem.begin(), stem.end(), '.', '_');
+    const at::Tensor up = reference.at("unet." + module + ".lora.up.weight");
+    const at::Tensor rank = at::scalar_tensor(static_cast<double>(down.size(0)));
+    loha[stem + ".hada_w1_a"] = up;
+    loha[stem + ".hada_w1_b"] = down;
+    loha[stem + ".hada_w2_a"] = at::ones({up.size(0), 1});
+    loha[stem + ".hada_w2_b"] = at::ones({1, down.size(1)});
+    loha[stem + ".alpha"] = rank;
+    lokr[stem + ".lokr_w1"] = at::ones({1, 1});
+    lokr[stem + ".lokr_w2_a"] = up;
+    lokr[stem + ".lokr_w2_b"] = down;
+    lokr[stem + ".alpha"] = rank;
+  }
+  ASSERT_EQ(loha.size(), 88u * 5);
+  for (const auto& [name, tensors] : {std::pair{"loha", loha}, std::pair{"lokr", lokr}}) {
+    SCOPED_TRACE(name);
+    sd::test::TempDir dir;
+    const fs::path file = dir.path() / (std::string(name) + ".safetensors");
+    io::save_safetensors(file, tensors);
+    const at::Tensor images = generate_c11(dir.path(), {"--lora=" + file.string(), "--lora_scale=0.7"});
+    EXPECT_TRUE(sd::test::close_rel_max(images, golden, 1e-4));
   }
 }
 

@@ -1,5 +1,6 @@
 // LoRA files (pipeline/lora_file.h): the names diffusers 0.24 and kohya write, both formats read back to the same
-// adapters, the reference file (C11) loads onto tiny-sd1, and one clear line for every bad file.
+// adapters, the reference file (C11) loads onto tiny-sd1, LyCORIS' LoHa and LoKr updates as their definitions, and
+// one clear line for every bad file.
 #include "pipeline/lora_file.h"
 
 #include "io/safetensors.h"
@@ -46,7 +47,7 @@ TEST(LoraFile, DiffusersFormatHasDiffusersNamesAndFoldsAlphaIntoUp) {
   EXPECT_EQ(io::SafeTensorsFile(path).metadata(), (std::map<std::string, std::string>{{"format", "pt"}}));
 
   StableDiffusion pipe = load_tiny();
-  const LoraWeights back = load_lora_file(path, pipe);
+  const LoraWeights back = load_lora_file(path, pipe).adapters;
   ASSERT_EQ(back.size(), 3u);
   EXPECT_EQ(find(back, kUNetModule).alpha, 2);  // no alpha in the file: alpha = rank
   EXPECT_EQ(find(back, kTextModule).component, LoraComponent::kTextEncoder);
@@ -69,7 +70,7 @@ TEST(LoraFile, KohyaFormatHasKohyaNamesAlphaAndMetadataAndReadsBack) {
   EXPECT_EQ(file.metadata().at("format"), "pt");
 
   StableDiffusion pipe = load_tiny();
-  const LoraWeights back = load_lora_file(path, pipe);
+  const LoraWeights back = load_lora_file(path, pipe).adapters;
   const LoraWeights original = sample_weights(1);
   ASSERT_EQ(back.size(), original.size());
   for (const auto& m : original) {
@@ -89,7 +90,7 @@ TEST(LoraFile, BothFormatsGiveTheSameOutputs) {
     const fs::path path = dir.path() / (format == LoraFormat::kKohya ? "k.safetensors" : "d.safetensors");
     save_lora_file(path, weights, format);
     StableDiffusion pipe = load_tiny();
-    attach_lora(pipe, load_lora_file(path, pipe), 0.7, path.string());
+    attach_lora(pipe, load_lora_file(path, pipe).adapters, 0.7, path.string());
     at::manual_seed(6);
     const at::Tensor ids = at::randint(0, 49407, {1, 77}, at::kLong);
     const at::Tensor text = pipe.text_encoder->forward(ids).last_hidden_state;
@@ -100,7 +101,9 @@ TEST(LoraFile, BothFormatsGiveTheSameOutputs) {
 
 TEST(LoraFile, ReferenceFileLoadsOntoTinySd1) {
   StableDiffusion pipe = load_tiny();
-  const LoraWeights weights = load_lora_file(sd::test::golden("tiny-sd1/lora_diffusers.safetensors"), pipe);
+  const LoraFileContents contents = load_lora_file(sd::test::golden("tiny-sd1/lora_diffusers.safetensors"), pipe);
+  EXPECT_TRUE(contents.updates.empty());
+  const LoraWeights& weights = contents.adapters;
   ASSERT_EQ(weights.size(), 88u);  // attn1/attn2 x to_q/to_k/to_v/to_out.0 of 11 transformer blocks
   for (const auto& m : weights) {
     EXPECT_EQ(m.component, LoraComponent::kUNet);
@@ -116,14 +119,43 @@ TEST(LoraFile, BadFilesAreOneLineNamingTheFileAndKey) {
   auto error_for = [&](const io::TensorMap& tensors) {
     const fs::path path = dir.path() / "bad.safetensors";
     io::save_safetensors(path, tensors);
-    return sd::test::error_message([&] { attach_lora(pipe, load_lora_file(path, pipe), 1, path.string()); });
+    return sd::test::error_message([&] { apply_lora_files(pipe, {path.string()}, {}, false); });
   };
   const std::string file = (dir.path() / "bad.safetensors").string();
   const at::Tensor down = at::zeros({2, 32}), up = at::zeros({32, 2});
   EXPECT_EQ(error_for({{"unet." + kUNetModule + ".hada_w1_a", down}}),
             file + ": unknown key 'unet." + kUNetModule +
                 ".hada_w1_a' (expected diffusers' unet.<module>.lora.down.weight or kohya's "
-                "lora_unet_<module>.lora_down.weight and their text-encoder and up/alpha twins)");
+                "lora_unet_<module>.lora_down.weight, LyCORIS' .hada_w1_a (LoHa) or .lokr_w1 (LoKr), and their "
+                "text-encoder, up and alpha twins)");
+  const std::string stem = "lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_q";
+  EXPECT_EQ(error_for({{stem + ".oft_blocks", down}}),
+            file + ": unknown key '" + stem +
+                ".oft_blocks' (expected diffusers' unet.<module>.lora.down.weight or kohya's "
+                "lora_unet_<module>.lora_down.weight, LyCORIS' .hada_w1_a (LoHa) or .lokr_w1 (LoKr), and their "
+                "text-encoder, up and alpha twins)");
+  EXPECT_EQ(error_for({{"lora_te1_text_model_encoder_layers_0_self_attn_q_proj.lora_down.weight", down}}),
+            file +
+                ": an SDXL LoRA (key 'lora_te1_text_model_encoder_layers_0_self_attn_q_proj.lora_down.weight'); "
+                "sdtrain runs SD-1.x and SD-2.x models");
+  const std::string layer = file + ": layer " + kUNetModule;
+  EXPECT_EQ(error_for({{stem + ".alpha", at::scalar_tensor(1.0)}}), layer + " has an alpha but no weights");
+  EXPECT_EQ(error_for({{stem + ".lora_down.weight", down}, {stem + ".hada_w1_a", up}}),
+            layer + " mixes the keys of LoRA (lora_down/lora_up), LoHa (hada_*) and LoKr (lokr_*)");
+  EXPECT_EQ(
+      error_for({{stem + ".hada_w1_a", up}, {stem + ".hada_w1_b", down}}),
+      layer + ": a LoHa module needs hada_w1_a, hada_w1_b, hada_w2_a and hada_w2_b; hada_w2_a, hada_w2_b missing");
+  EXPECT_EQ(error_for({{stem + ".lokr_w1", at::ones({4, 4})}, {stem + ".lokr_w2_a", at::ones({8, 2})}}),
+            layer + ": a LoKr module needs lokr_w2 or both lokr_w2_a and lokr_w2_b");
+  EXPECT_EQ(error_for({{stem + ".lokr_w1", at::ones({4, 4})}, {stem + ".lokr_w2", at::ones({8, 4})}}),
+            layer + ": the LoKr factors lokr_w1 [4, 4], lokr_w2 [8, 4] do not make the layer's weight [32, 32]");
+  EXPECT_EQ(error_for({{stem + ".hada_w1_a", up},
+                       {stem + ".hada_w1_b", down},
+                       {stem + ".hada_w2_a", up},
+                       {stem + ".hada_w2_b", at::ones({3, 32})}}),
+            layer +
+                ": the LoHa factors hada_w1_a [32, 2], hada_w1_b [2, 32], hada_w2_a [32, 2], hada_w2_b [3, 32] do "
+                "not make the layer's weight [32, 32]");
   EXPECT_EQ(error_for({{"lora_unet_down_blocks_9_to_q.lora_down.weight", down}}),
             file +
                 ": 'lora_unet_down_blocks_9_to_q.lora_down.weight': the UNet has no Linear or Conv2d layer named "
@@ -144,6 +176,118 @@ TEST(LoraFile, BadFilesAreOneLineNamingTheFileAndKey) {
               apply_lora_files(pipe, {"a", "b"}, {0.5}, false);
             }),
             "--lora_scale given 1 time(s) for 2 --lora file(s): give one scale per --lora, in the same order");
+}
+
+// The LyCORIS updates written out element by element from their definitions, independently of lora_file.cpp's
+// products: Σ_r up[o, r]·down[r, i], and the Tucker form Σ_ab core[a, b, h, w]·up[a, o]·down[b, i].
+at::Tensor product_by_elements(const at::Tensor& up, const at::Tensor& down) {
+  const at::Tensor u = up.flatten(1), d = down.flatten(1);
+  at::Tensor out = at::zeros({u.size(0), d.size(1)});
+  for (int64_t o = 0; o < u.size(0); ++o)
+    for (int64_t i = 0; i < d.size(1); ++i)
+      for (int64_t r = 0; r < u.size(1); ++r) out[o][i] += u[o][r] * d[r][i];
+  return out;
+}
+
+at::Tensor tucker_by_elements(const at::Tensor& core, const at::Tensor& up, const at::Tensor& down) {
+  at::Tensor out = at::zeros({up.size(1), down.size(1), core.size(2), core.size(3)});
+  for (int64_t a = 0; a < core.size(0); ++a)
+    for (int64_t b = 0; b < core.size(1); ++b)
+      out += core[a][b].reshape({1, 1, core.size(2), core.size(3)}) * up[a].reshape({-1, 1, 1, 1}) *
+             down[b].reshape({1, -1, 1, 1});
+  return out;
+}
+
+// kron(w1, w2)[i·p + k, j·q + l] = w1[i, j]·w2[k, l] (trailing kernel dimensions of w2 carried along).
+at::Tensor kron_by_elements(const at::Tensor& w1, const at::Tensor& w2) {
+  std::vector<int64_t> shape = w2.sizes().vec();
+  shape[0] *= w1.size(0);
+  shape[1] *= w1.size(1);
+  at::Tensor out = at::zeros(shape);
+  for (int64_t i = 0; i < w1.size(0); ++i)
+    for (int64_t j = 0; j < w1.size(1); ++j)
+      out.narrow(0, i * w2.size(0), w2.size(0)).narrow(1, j * w2.size(1), w2.size(1)).copy_(w1[i][j] * w2);
+  return out;
+}
+
+at::Tensor layer_weight(StableDiffusion& pipe, LoraComponent c, const std::string& module) {
+  torch::nn::Module& model = c == LoraComponent::kUNet ? static_cast<torch::nn::Module&>(*pipe.unet)
+                                                       : static_cast<torch::nn::Module&>(*pipe.text_encoder);
+  return model.named_parameters()[module + ".weight"].detach().clone();
+}
+
+TEST(LoraFile, LyCorisLoHaAndLoKrUpdateTheWeightsAsTheirDefinitions) {
+  sd::test::TempDir dir;
+  at::manual_seed(11);
+  const std::string linear = "lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_q";  // [32, 32]
+  const std::string conv = "lora_unet_down_blocks_1_resnets_0_conv1";                                 // [64, 32, 3, 3]
+  const std::string text = "lora_te_text_model_encoder_layers_0_self_attn_q_proj";                    // [32, 32]
+  const std::string conv2 = "lora_unet_down_blocks_0_resnets_0_conv1";                                // [32, 32, 3, 3]
+  io::TensorMap t = {
+      // LoHa on a linear, rank 2 and 3 factors, alpha 1: multiplier alpha / rank(w1_b) = 1/2.
+      {linear + ".hada_w1_a", at::randn({32, 2})},
+      {linear + ".hada_w1_b", at::randn({2, 32})},
+      {linear + ".hada_w2_a", at::randn({32, 3})},
+      {linear + ".hada_w2_b", at::randn({3, 32})},
+      {linear + ".alpha", at::scalar_tensor(1.0)},
+      // LoHa on a 3x3 conv, both factors in Tucker form, no alpha: multiplier 1.
+      {conv + ".hada_t1", at::randn({2, 2, 3, 3})},
+      {conv + ".hada_w1_a", at::randn({2, 64})},
+      {conv + ".hada_w1_b", at::randn({2, 32})},
+      {conv + ".hada_t2", at::randn({2, 2, 3, 3})},
+      {conv + ".hada_w2_a", at::randn({2, 64})},
+      {conv + ".hada_w2_b", at::randn({2, 32})},
+      // LoKr on the text encoder: whole w1 [4, 2], w2 = w2_a·w2_b [8, 16], alpha 3 over rank 2.
+      {text + ".lokr_w1", at::randn({4, 2})},
+      {text + ".lokr_w2_a", at::randn({8, 2})},
+      {text + ".lokr_w2_b", at::randn({2, 16})},
+      {text + ".alpha", at::scalar_tensor(3.0)},
+      // LoKr on a 3x3 conv: w1 = w1_a·w1_b [4, 2], w2 in Tucker form [8, 16, 3, 3]; alpha 2 over rank(w2_b) = 4.
+      {conv2 + ".lokr_w1_a", at::randn({4, 1})},
+      {conv2 + ".lokr_w1_b", at::randn({1, 2})},
+      {conv2 + ".lokr_t2", at::randn({4, 4, 3, 3})},
+      {conv2 + ".lokr_w2_a", at::randn({4, 8})},
+      {conv2 + ".lokr_w2_b", at::randn({4, 16})},
+      {conv2 + ".alpha", at::scalar_tensor(2.0)},
+  };
+  const fs::path path = dir.path() / "lycoris.safetensors";
+  io::save_safetensors(path, t);
+  auto p = [&](const std::string& key) { return t.at(key); };
+  struct Expected {
+    LoraComponent component;
+    std::string module;
+    at::Tensor update;
+  };
+  const std::vector<Expected> expected = {
+      {LoraComponent::kUNet, "down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q",
+       product_by_elements(p(linear + ".hada_w1_a"), p(linear + ".hada_w1_b")) *
+           product_by_elements(p(linear + ".hada_w2_a"), p(linear + ".hada_w2_b")) * 0.5},
+      {LoraComponent::kUNet, "down_blocks.1.resnets.0.conv1",
+       tucker_by_elements(p(conv + ".hada_t1"), p(conv + ".hada_w1_a"), p(conv + ".hada_w1_b")) *
+           tucker_by_elements(p(conv + ".hada_t2"), p(conv + ".hada_w2_a"), p(conv + ".hada_w2_b"))},
+      {LoraComponent::kTextEncoder, "text_model.encoder.layers.0.self_attn.q_proj",
+       kron_by_elements(p(text + ".lokr_w1"), product_by_elements(p(text + ".lokr_w2_a"), p(text + ".lokr_w2_b"))) *
+           1.5},
+      {LoraComponent::kUNet, "down_blocks.0.resnets.0.conv1",
+       kron_by_elements(product_by_elements(p(conv2 + ".lokr_w1_a"), p(conv2 + ".lokr_w1_b")),
+                        tucker_by_elements(p(conv2 + ".lokr_t2"), p(conv2 + ".lokr_w2_a"), p(conv2 + ".lokr_w2_b"))) *
+           0.5},
+  };
+
+  StableDiffusion pipe = load_tiny();
+  const LoraFileContents contents = load_lora_file(path, pipe);
+  EXPECT_TRUE(contents.adapters.empty());
+  ASSERT_EQ(contents.updates.size(), expected.size());
+  std::vector<at::Tensor> before;
+  for (const Expected& e : expected) before.push_back(layer_weight(pipe, e.component, e.module));
+  apply_lora_files(pipe, {path.string()}, {0.7}, /*fuse=*/false);
+  for (size_t i = 0; i < expected.size(); ++i) {
+    SCOPED_TRACE(expected[i].module);
+    const at::Tensor after = layer_weight(pipe, expected[i].component, expected[i].module);
+    ASSERT_EQ(after.sizes(), expected[i].update.sizes());
+    EXPECT_TRUE(at::allclose(after - before[i], expected[i].update * 0.7, 1e-4, 1e-5));
+  }
+  EXPECT_TRUE(models::adapter_tensors(*pipe.unet).empty());  // merged, not attached
 }
 
 }  // namespace
