@@ -1,7 +1,8 @@
 // `sdtrain convert INPUT OUTPUT`: between the layouts Stable Diffusion weights come in. INPUT is anything a model flag
 // accepts (pipeline folder, single-file .safetensors/.ckpt, cached Hub name); OUTPUT ending in .safetensors (any
 // case) is written as one file in the original (LDM / A1111) layout, anything else as a diffusers pipeline folder,
-// e.g. with --variant fp16 for diffusion_pytorch_model.fp16.safetensors files.
+// e.g. with --variant fp16 for diffusion_pytorch_model.fp16.safetensors files. --lora merges LoRA files into the
+// weights on the way (kohya's merge_lora.py; diffusers' fuse_lora then save_pretrained).
 #include <cstdio>
 
 #include "cli/commands.h"
@@ -10,6 +11,7 @@
 #include "core/error.h"
 #include "core/text.h"
 #include "io/atomic_file.h"
+#include "pipeline/lora_file.h"
 #include "pipeline/model_source.h"
 #include "pipeline/single_file.h"
 
@@ -25,6 +27,7 @@ struct ConvertOptions {
   std::string variant;
   std::string save_dtype;
   bool overwrite = false;
+  LoraRequest loras;
 };
 
 at::ScalarType save_dtype(const ConvertOptions& o) {
@@ -54,9 +57,11 @@ int run_convert(const ConvertOptions& o) {
     io::check_output_file("OUTPUT", o.output);
   else
     io::check_output_dir("OUTPUT", o.output);
+  check_lora_files_exist(o.loras);
   const pipeline::ModelSource source = pipeline::resolve_model(o.input);
   if (!single_file) check_output_is_a_new_folder(source, o);
   pipeline::StableDiffusion pipe = pipeline::load_pipeline(source);
+  pipeline::apply_lora_files(pipe, o.loras.files, o.loras.scales, /*fuse=*/true);
   if (single_file)
     pipeline::save_single_file(pipe, o.output, save_dtype(o));
   else
@@ -79,6 +84,7 @@ void add_convert(CLI::App& app, std::function<int()>& chosen) {
        "dtype of the written weights (default float16 for --variant fp16, else float32)")
       ->check(CLI::IsMember({"float32", "float16", "bfloat16"}));
   switch_flag(cmd, "--overwrite", o->overwrite, "Pipeline output: replace a pipeline already in that folder");
+  add_lora_flags(cmd, o->loras, "merged into the written weights");
   cmd->callback([o, &chosen] { chosen = [o] { return run_convert(*o); }; });
 }
 

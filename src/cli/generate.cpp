@@ -54,8 +54,7 @@ struct GenerateOptions {
   std::optional<double> strength;
   std::string mixed_precision = "no";
   std::vector<std::string> embeddings;
-  std::vector<std::string> loras;
-  std::vector<double> lora_scales;
+  LoraRequest loras;
   bool fuse_lora = false;
   std::string init_latents;
   std::string output_dir = "generated";
@@ -218,7 +217,7 @@ int run_generate(GenerateOptions o) {
   }
   std::vector<pipeline::EmbeddingFile> embeddings;
   for (const auto& path : o.embeddings) embeddings.push_back(pipeline::load_embedding_file(path));
-  for (const auto& path : o.loras) SD_CHECK(fs::exists(path), "--lora {}: no such file or folder", path);
+  check_lora_files_exist(o.loras);
 
   // The pipeline and what is loaded into it.
   // The UNet and VAE in the frozen-model dtype of the training policy: bf16, or float32 where bf16 is slow.
@@ -227,7 +226,7 @@ int run_generate(GenerateOptions o) {
   pipeline::StableDiffusion pipe = pipeline::load_pipeline(source, dtypes);
   for (size_t i = 0; i < embeddings.size(); ++i)
     pipeline::load_textual_inversion(pipe.tokenizer, pipe.text_encoder, embeddings[i], o.embeddings[i]);
-  pipeline::apply_lora_files(pipe, o.loras, o.lora_scales, o.fuse_lora);
+  pipeline::apply_lora_files(pipe, o.loras.files, o.loras.scales, o.fuse_lora);
 
   // Latents given without a size: the size is theirs.
   if (txt2img_options.initial_latents.defined() && txt2img_options.initial_latents.dim() == 4) {
@@ -307,12 +306,7 @@ void add_generate(CLI::App& app, std::function<int()>& chosen) {
       ->check(CLI::IsMember({"no", "bf16"}));
   repeated_flag(cmd, "--embeddings", o->embeddings,
                 "A textual-inversion embedding file (diffusers learned_embeds or A1111 format; repeatable)");
-  repeated_flag(cmd, "--lora", o->loras,
-                "A LoRA file (diffusers pytorch_lora_weights.safetensors or .bin, kohya/A1111 format, or LyCORIS "
-                "LoCon/LoHa/LoKr) or a folder holding pytorch_lora_weights.*; repeatable");
-  repeated_flag(
-      cmd, "--lora_scale", o->lora_scales,
-      "Strength of the --lora given in the same position (default 1; diffusers' cross_attention_kwargs scale)");
+  add_lora_flags(cmd, o->loras, "applied while generating");
   switch_flag(cmd, "--fuse_lora", o->fuse_lora,
               "Merge the LoRAs into the weights before generating (diffusers' fuse_lora)");
   flag(cmd, "--init_latents", o->init_latents,

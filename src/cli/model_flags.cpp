@@ -1,6 +1,9 @@
 #include "cli/model_flags.h"
 
+#include <filesystem>
+
 #include "cli/flags.h"
+#include "core/error.h"
 
 namespace sd::cli {
 
@@ -21,6 +24,21 @@ CLI::Option* add_model_flags(CLI::App* cmd, const std::string& name, pipeline::M
        "Single-file checkpoint: a diffusers pipeline folder whose configs to use (default: the matching preset)")
       ->group(group);
   return model;
+}
+
+void add_lora_flags(CLI::App* cmd, LoraRequest& request, const std::string& use) {
+  repeated_flag(cmd, "--lora", request.files,
+                "A LoRA file (diffusers pytorch_lora_weights.safetensors or .bin, kohya/A1111 format, or LyCORIS "
+                "LoCon/LoHa/LoKr) or a folder holding pytorch_lora_weights.*, " +
+                    use + "; repeatable");
+  repeated_flag(
+      cmd, "--lora_scale", request.scales,
+      "Strength of the --lora given in the same position (default 1; diffusers' cross_attention_kwargs scale)");
+}
+
+void check_lora_files_exist(const LoraRequest& request) {
+  for (const auto& path : request.files)
+    SD_CHECK(std::filesystem::exists(path), "--lora {}: no such file or folder", path);
 }
 
 }  // namespace sd::cli

@@ -26,13 +26,14 @@ fs::path tiny_sd1() { return sd::test::fixtures() / "tiny-sd1"; }
 
 // `sdtrain generate` of the C11 settings (PNDM, 4 steps, guidance 7.5, the golden's latents) with `extra` flags;
 // returns the raw float images.
-at::Tensor generate_c11(const fs::path& dir, const std::vector<std::string>& extra) {
+at::Tensor generate_c11(const fs::path& dir, const std::vector<std::string>& extra,
+                        const fs::path& model = tiny_sd1()) {
   const io::TensorMap g = io::load_safetensors(sd::test::golden("tiny-sd1/lora_txt2img.safetensors"));
   const fs::path latents = dir / "latents.safetensors", raw = dir / "raw.safetensors";
   io::save_safetensors(latents, {{"latents", g.at("input.latents")}});
   std::vector<std::string> command = {sd::test::sdtrain_binary(),
                                       "generate",
-                                      "--model=" + tiny_sd1().string(),
+                                      "--model=" + model.string(),
                                       "--prompt=a photo of an astronaut riding a horse",
                                       "--negative_prompt=blurry",
                                       "--num_inference_steps=4",
@@ -105,6 +106,35 @@ TEST(LoraE2E, LyCorisLoHaAndLoKrOfTheReferenceUpdateReproduceItsImage) {
     io::save_safetensors(file, tensors);
     const at::Tensor images = generate_c11(dir.path(), {"--lora=" + file.string(), "--lora_scale=0.7"});
     EXPECT_TRUE(sd::test::close_rel_max(images, golden, 1e-4));
+  }
+}
+
+// `convert --lora` writes the pipeline with the LoRA merged in: it generates generate's --fuse_lora images exactly.
+TEST(LoraE2E, ConvertMergesALoraIntoThePipelineItWrites) {
+  sd::test::TempDir dir;
+  const std::string lora = "--lora=" + sd::test::golden("tiny-sd1/lora_diffusers.safetensors").string();
+  const fs::path merged = dir.path() / "merged";
+  auto r = sd::test::run_process(
+      {sd::test::sdtrain_binary(), "convert", tiny_sd1().string(), merged.string(), lora, "--lora_scale=0.7"}, 120s);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const at::Tensor from_merged = generate_c11(dir.path() / "a", {}, merged);
+  const at::Tensor fused = generate_c11(dir.path() / "b", {lora, "--lora_scale=0.7", "--fuse_lora"});
+  EXPECT_TRUE(at::equal(from_merged, fused));
+  const at::Tensor golden = io::load_safetensors(sd::test::golden("tiny-sd1/lora_txt2img.safetensors")).at("image");
+  EXPECT_TRUE(sd::test::close_rel_max(from_merged, golden, 1e-4));
+
+  // Bad input stops before anything is written.
+  for (const auto& [flags, error] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--lora=" + (dir.path() / "none.safetensors").string()},
+            "--lora " + (dir.path() / "none.safetensors").string() + ": no such file or folder"},
+           {{lora, "--lora_scale=0.5", "--lora_scale=0.7"},
+            "--lora_scale given 2 time(s) for 1 --lora file(s): give one scale per --lora, in the same order"}}) {
+    std::vector<std::string> command = {sd::test::sdtrain_binary(), "convert", tiny_sd1().string(),
+                                        (dir.path() / "bad").string()};
+    command.insert(command.end(), flags.begin(), flags.end());
+    auto bad = sd::test::run_process(command, 120s);
+    EXPECT_TRUE(sd::test::is_one_line_error({bad.exit_code, bad.output}, error)) << bad.output;
+    EXPECT_FALSE(fs::exists(dir.path() / "bad"));
   }
 }
 
