@@ -87,30 +87,43 @@ std::optional<KeyTarget> parse_diffusers_key(const std::string& key) {
   return std::nullopt;
 }
 
-// lora_unet_<module with _>.lora_down.weight, .hada_w1_a etc.; the module path is found among the model's layers
-// (`paths`: kohya stem -> module path, over both components). nullopt for a key of another shape.
-std::optional<KeyTarget> parse_kohya_key(const std::string& key,
-                                         const std::map<std::string, std::pair<LoraComponent, std::string>>& paths,
-                                         const std::string& file) {
+// The endings of kohya-named keys and the parts they name: LoRA's, and LyCORIS' (which keep their names).
+const std::vector<std::pair<std::string, std::string>>& kohya_suffixes() {
   static const std::vector<std::pair<std::string, std::string>> suffixes = [] {
     std::vector<std::pair<std::string, std::string>> lora = {
         {".lora_down.weight", "down"}, {".lora_up.weight", "up"}, {".alpha", "alpha"}};
     for (const char* part : {"hada_w1_a", "hada_w1_b", "hada_w2_a", "hada_w2_b", "hada_t1", "hada_t2", "lokr_w1",
                              "lokr_w1_a", "lokr_w1_b", "lokr_w2", "lokr_w2_a", "lokr_w2_b", "lokr_t2"})
-      lora.emplace_back(std::string(".") + part, part);  // LyCORIS' parts keep their names
+      lora.emplace_back(std::string(".") + part, part);
     return lora;
   }();
+  return suffixes;
+}
+
+LoraComponent kohya_component(const std::string& stem) {
+  return stem.rfind("lora_unet_", 0) == 0 ? LoraComponent::kUNet : LoraComponent::kTextEncoder;
+}
+
+// lora_unet_<module with _>.lora_down.weight, .hada_w1_a etc. as {stem, part}; nullopt for a key of another shape.
+std::optional<std::pair<std::string, std::string>> split_kohya_key(const std::string& key) {
   if (key.rfind("lora_unet_", 0) != 0 && key.rfind("lora_te_", 0) != 0) return std::nullopt;
-  for (const auto& [suffix, part] : suffixes) {
-    if (!ends_with(key, suffix)) continue;
-    const std::string stem = key.substr(0, key.size() - suffix.size());
-    const auto it = paths.find(stem);
-    SD_CHECK(it != paths.end(), "{}: '{}': {} has no Linear or Conv2d layer named {}", file, key,
-             component_label(stem.rfind("lora_unet_", 0) == 0 ? LoraComponent::kUNet : LoraComponent::kTextEncoder),
-             stem);
-    return KeyTarget{it->second.first, it->second.second, part};
-  }
+  for (const auto& [suffix, part] : kohya_suffixes())
+    if (ends_with(key, suffix)) return std::pair{key.substr(0, key.size() - suffix.size()), part};
   return std::nullopt;
+}
+
+// A kohya-named key with its module path found among the model's layers (`paths`: kohya stem -> module path, over
+// both components); nullopt for a key of another shape.
+std::optional<KeyTarget> parse_kohya_key(const std::string& key,
+                                         const std::map<std::string, std::pair<LoraComponent, std::string>>& paths,
+                                         const std::string& file) {
+  const auto split = split_kohya_key(key);
+  if (!split) return std::nullopt;
+  const auto& [stem, part] = *split;
+  const auto it = paths.find(stem);
+  SD_CHECK(it != paths.end(), "{}: '{}': {} has no Linear or Conv2d layer named {}", file, key,
+           component_label(kohya_component(stem)), stem);
+  return KeyTarget{it->second.first, it->second.second, part};
 }
 
 // One layer's tensors in a file, by part name (KeyTarget::part).
@@ -306,6 +319,65 @@ LoraFileContents load_lora_file(const fs::path& given, StableDiffusion& pipe) {
     }
   }
   return contents;
+}
+
+namespace {
+
+// The kind and rank of one module of a file, from its parts' shapes (part -> key).
+std::pair<std::string, std::optional<int64_t>> module_kind_and_rank(const io::TensorFile& file,
+                                                                    const std::map<std::string, std::string>& parts) {
+  auto shape_of = [&](const std::string& part) { return file.info(parts.at(part)).shape; };
+  auto rank_of = [&](const std::string& part) -> std::optional<int64_t> {
+    if (!parts.count(part) || shape_of(part).empty()) return std::nullopt;
+    return shape_of(part)[0];
+  };
+  if (parts.count("down")) {
+    const std::vector<int64_t> down = shape_of("down");
+    return {down.size() == 4 && down[2] * down[3] > 1 ? "LoCon" : "LoRA", rank_of("down")};
+  }
+  for (const auto& [part, key] : parts) {
+    if (part.rfind("hada_", 0) == 0) return {"LoHa", rank_of("hada_w1_b")};
+    if (part.rfind("lokr_", 0) == 0)
+      return {"LoKr", parts.count("lokr_w2_b") ? rank_of("lokr_w2_b") : rank_of("lokr_w1_b")};
+  }
+  return {parts.count("up") ? "LoRA" : "alpha only", std::nullopt};
+}
+
+}  // namespace
+
+std::optional<LoraFileSummary> summarize_lora_file(const fs::path& path) {
+  const std::unique_ptr<io::TensorFile> file = io::open_tensor_file(path);
+  LoraFileSummary summary;
+  std::map<std::pair<LoraComponent, std::string>, std::map<std::string, std::string>> modules;  // part -> key
+  for (const std::string& key : file->names()) {
+    if (const auto diffusers = parse_diffusers_key(key)) {
+      modules[{diffusers->component, diffusers->module}][diffusers->part] = key;
+      summary.namings.insert("diffusers");
+    } else if (const auto kohya = split_kohya_key(key)) {
+      modules[{kohya_component(kohya->first), kohya->first}][kohya->second] = key;
+      summary.namings.insert("kohya");
+    } else {
+      return std::nullopt;
+    }
+  }
+  if (modules.empty()) return std::nullopt;
+  for (const auto& [where, parts] : modules) {
+    ++(where.first == LoraComponent::kUNet ? summary.unet_modules : summary.text_encoder_modules);
+    const auto [kind, rank] = module_kind_and_rank(*file, parts);
+    LoraFileSummary::Kind& k = summary.kinds[kind];
+    ++k.modules;
+    if (rank) k.ranks.insert(*rank);
+    for (const auto& [part, key] : parts) {
+      if (part == "alpha") {
+        const at::Tensor alpha = file->read(key);
+        if (alpha.numel() == 1) k.alphas.insert(alpha.to(at::kDouble).item<double>());
+        continue;
+      }
+      count_tensor(file->info(key), summary.weights);
+    }
+  }
+  summary.metadata = file->metadata();
+  return summary;
 }
 
 void attach_lora(StableDiffusion& pipe, const LoraWeights& weights, double scale, const std::string& source) {

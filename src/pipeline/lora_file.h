@@ -17,9 +17,12 @@
 
 #include <filesystem>
 #include <map>
+#include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "pipeline/model_source.h"
 #include "pipeline/stable_diffusion.h"
 
 namespace sd::pipeline {
@@ -70,6 +73,25 @@ void save_lora_file(const std::filesystem::path& path, const LoraWeights& weight
 // unknown key, a kohya name no layer has, a down without its up, a LoHa or LoKr module missing a factor or whose
 // factors do not make the layer's weight.
 LoraFileContents load_lora_file(const std::filesystem::path& path, StableDiffusion& pipe);
+
+// What `sdtrain inspect` shows of a LoRA file, read without a model: from the tensors' names and shapes and the
+// stored alphas.
+struct LoraFileSummary {
+  struct Kind {
+    int64_t modules = 0;
+    std::set<int64_t> ranks;  // none for a LoKr of whole factors
+    std::set<double> alphas;  // as stored; none where the file has no alpha (diffusers': alpha = rank)
+  };
+  std::set<std::string> namings;      // "diffusers", "kohya"
+  std::map<std::string, Kind> kinds;  // "LoRA" (linear or 1x1 conv), "LoCon" (kxk conv), "LoHa", "LoKr"
+  int64_t unet_modules = 0, text_encoder_modules = 0;
+  ComponentSummary weights;  // parameters, bytes and dtypes of the weights (alphas not counted)
+  std::map<std::string, std::string> metadata;
+};
+
+// The summary of a file in any format load_lora_file reads; nullopt when some tensor name is not a LoRA file's
+// (e.g. a checkpoint's). Throws sd::Error for a file that is not a tensor file at all.
+std::optional<LoraFileSummary> summarize_lora_file(const std::filesystem::path& path);
 
 // Attaches every adapter to the pipeline's UNet or text encoder with strength `scale`. Throws one sd::Error line
 // naming `source` (the file) and the module for a layer the models do not have or shapes that do not fit it.

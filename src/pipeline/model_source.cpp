@@ -45,18 +45,19 @@ const char* dtype_name(at::ScalarType dtype) {
 
 // The floating-point tensors of one component's weights.
 void add_tensors(const io::TensorFile& weights, ComponentSummary& summary) {
-  for (const auto& name : weights.names()) {
-    const io::TensorInfo info = weights.info(name);
-    if (!at::isFloatingType(info.dtype)) continue;
-    int64_t n = 1;
-    for (int64_t d : info.shape) n *= d;
-    summary.parameters += n;
-    summary.bytes += static_cast<uint64_t>(n) * c10::elementSize(info.dtype);
-    summary.dtypes.insert(dtype_name(info.dtype));
-  }
+  for (const auto& name : weights.names()) count_tensor(weights.info(name), summary);
 }
 
 }  // namespace
+
+void count_tensor(const io::TensorInfo& info, ComponentSummary& summary) {
+  if (!at::isFloatingType(info.dtype)) return;
+  int64_t n = 1;
+  for (int64_t d : info.shape) n *= d;
+  summary.parameters += n;
+  summary.bytes += static_cast<uint64_t>(n) * c10::elementSize(info.dtype);
+  summary.dtypes.insert(dtype_name(info.dtype));
+}
 
 ModelSource resolve_model(const ModelRequest& request) {
   const std::string& name = request.name_or_path;

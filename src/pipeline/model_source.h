@@ -58,6 +58,8 @@ struct ComponentSummary {
   bool trainable = false;  // what UNet training trains
 };
 std::vector<ComponentSummary> summarize_components(const ModelSource& source);
+// Adds a floating-point tensor's elements, bytes and dtype name (float32, bfloat16, ...) to `summary`.
+void count_tensor(const io::TensorInfo& info, ComponentSummary& summary);
 // MosaicML's summary line: "Model has 1289.952427 M parameters and 865.910724 M trainable".
 std::string parameter_line(const std::vector<ComponentSummary>& components);
 

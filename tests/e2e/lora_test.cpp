@@ -138,6 +138,62 @@ TEST(LoraE2E, ConvertMergesALoraIntoThePipelineItWrites) {
   }
 }
 
+// `sdtrain inspect` of a LoRA file: its modules by kind with their ranks and alphas, its size and metadata, without a
+// model; a folder holding pytorch_lora_weights.safetensors stands for that file.
+TEST(LoraE2E, InspectShowsALoraFilesModulesRanksAlphasAndMetadata) {
+  sd::test::TempDir dir;
+  const fs::path reference = sd::test::golden("tiny-sd1/lora_diffusers.safetensors");
+  auto inspect = [](const fs::path& path) {
+    auto r = sd::test::run_process({sd::test::sdtrain_binary(), "inspect", path.string()}, 60s);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return r.output;
+  };
+  EXPECT_EQ(inspect(reference), reference.string() +
+                                    ": LoRA file (diffusers names): 88 modules (UNet 88, text encoder 0), 0.033280 M "
+                                    "params, float32, 0.13 MB\n"
+                                    "  LoRA          88 modules  rank 4  alpha none (scale 1)\n");
+  fs::create_directories(dir.path() / "folder");
+  fs::copy_file(reference, dir.path() / "folder" / "pytorch_lora_weights.safetensors");
+  EXPECT_NE(inspect(dir.path() / "folder").find("88 modules (UNet 88, text encoder 0)"), std::string::npos);
+
+  const std::string q = "lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_q",
+                    te = "lora_te_text_model_encoder_layers_0_self_attn_q_proj",
+                    locon = "lora_unet_down_blocks_1_resnets_0_conv1", loha = "lora_unet_down_blocks_0_resnets_0_conv1",
+                    lokr = "lora_unet_down_blocks_0_attentions_0_proj_in";
+  const io::TensorMap tensors = {
+      {q + ".lora_down.weight", at::zeros({2, 32})},  // 64 + 64 values
+      {q + ".lora_up.weight", at::zeros({32, 2})},
+      {q + ".alpha", at::scalar_tensor(1.0)},
+      {te + ".lora_down.weight", at::zeros({2, 32}, at::kHalf)},  // 128 values, float16
+      {te + ".lora_up.weight", at::zeros({32, 2}, at::kHalf)},
+      {te + ".alpha", at::scalar_tensor(1.0)},
+      {locon + ".lora_down.weight", at::zeros({4, 32, 3, 3})},  // 1152 + 256 values
+      {locon + ".lora_up.weight", at::zeros({64, 4, 1, 1})},
+      {locon + ".alpha", at::scalar_tensor(2.0)},
+      {loha + ".hada_w1_a", at::zeros({32, 2})},  // 2 x (64 + 576) values
+      {loha + ".hada_w1_b", at::zeros({2, 288})},
+      {loha + ".hada_w2_a", at::zeros({32, 2})},
+      {loha + ".hada_w2_b", at::zeros({2, 288})},
+      {loha + ".alpha", at::scalar_tensor(1.0)},
+      {lokr + ".lokr_w1", at::zeros({4, 4})},  // 16 + 64 values, no rank, no alpha
+      {lokr + ".lokr_w2", at::zeros({8, 8})},
+  };
+  const fs::path file = dir.path() / "mixed.safetensors";
+  io::save_safetensors(file, tensors,
+                       {{"ss_network_dim", "2"}, {"ss_tag_frequency", "{\"a\":\n" + std::string(120, 'x')}});
+  // 3024 values: 128 of them float16 (256 bytes), the rest float32 (11584 bytes).
+  EXPECT_EQ(inspect(file), file.string() +
+                               ": LoRA file (kohya names): 5 modules (UNet 4, text encoder 1), 0.003024 M params, "
+                               "float16,float32, 0.01 MB\n"
+                               "  LoCon          1 modules  rank 4  alpha 2\n"
+                               "  LoHa           1 modules  rank 2  alpha 1\n"
+                               "  LoKr           1 modules  rank -  alpha none (scale 1)\n"
+                               "  LoRA           2 modules  rank 2  alpha 1\n"
+                               "  ss_network_dim: 2\n"
+                               "  ss_tag_frequency: {\"a\": " +
+                               std::string(91, 'x') + "...\n");
+}
+
 // diffusers 0.24 without safetensors writes pytorch_lora_weights.bin (torch.save); a folder stands for it.
 TEST(LoraE2E, ATorchSaveLoraInAFolderGivesTheSafetensorsImage) {
   const fs::path reference = sd::test::golden("tiny-sd1/lora_diffusers.safetensors");
