@@ -87,8 +87,9 @@ void shard_seeds(const fs::path& fixtures, const fs::path& out) {
 void image_seeds(const fs::path& fixtures, const fs::path& out) {
   for (const char* name : {"landscape_160x120.jpg", "portrait_90x140.png", "toy_alpha_100x100.png"})
     write(out / "image" / name, read(fixtures / "golden/images" / name));
-  const sd::io::RgbImage image = sd::io::resize_bilinear(
-      sd::io::decode_image_rgb(read(fixtures / "golden/images/portrait_90x140.png"), "seed"), 24, 16);
+  const sd::io::RgbImage image =
+      sd::io::resize(sd::io::decode_image_rgb(read(fixtures / "golden/images/portrait_90x140.png"), "seed"), 24, 16,
+                     sd::io::ResizeFilter::kBilinear);
   uint8_t* webp = nullptr;
   const size_t size = WebPEncodeRGB(image.pixels.data(), image.width, image.height, image.width * 3, 75, &webp);
   write(out / "image/small.webp", std::string(reinterpret_cast<const char*>(webp), size));
