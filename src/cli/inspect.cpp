@@ -40,14 +40,10 @@ void print_lora_summary(const std::string& path, const pipeline::LoraFileSummary
   for (const auto& [key, value] : s.metadata) std::printf("  %s: %s\n", key.c_str(), one_line(value).c_str());
 }
 
-// A LoRA file given as the model (or a folder holding only pytorch_lora_weights.*, as generate --lora reads it).
+// A LoRA file given as the model, or a folder holding one (not a pipeline folder, which inspect summarizes).
 std::optional<std::filesystem::path> lora_file_of(const std::string& given) {
-  const std::filesystem::path path = given;
-  if (std::filesystem::is_regular_file(path)) return path;
-  if (!std::filesystem::is_directory(path) || std::filesystem::exists(path / "model_index.json")) return std::nullopt;
-  for (const char* name : {"pytorch_lora_weights.safetensors", "pytorch_lora_weights.bin"})
-    if (std::filesystem::is_regular_file(path / name)) return path / name;
-  return std::nullopt;
+  if (std::filesystem::exists(std::filesystem::path(given) / "model_index.json")) return std::nullopt;
+  return pipeline::find_lora_file(given);
 }
 
 int run_inspect(const pipeline::ModelRequest& model) {

@@ -131,14 +131,20 @@ using Parts = std::map<std::string, at::Tensor>;
 
 enum class ModuleKind { kLora, kLoha, kLokr };
 
-// What a layer's parts make: a LoRA (down, up), a LoHa (hada_*) or a LoKr (lokr_*), each with an optional alpha.
-ModuleKind kind_of(const Parts& parts, const std::string& layer) {
+// The kind of module a part belongs to: down and up make a LoRA, hada_* a LoHa, lokr_* a LoKr; nullopt for alpha.
+std::optional<ModuleKind> kind_of_part(const std::string& part) {
+  if (part == "down" || part == "up") return ModuleKind::kLora;
+  if (part.rfind("hada_", 0) == 0) return ModuleKind::kLoha;
+  if (part.rfind("lokr_", 0) == 0) return ModuleKind::kLokr;
+  return std::nullopt;
+}
+
+// What a layer's parts make (each with an optional alpha), for any map keyed by part name.
+template <typename PartMap>
+ModuleKind kind_of(const PartMap& parts, const std::string& layer) {
   std::set<ModuleKind> kinds;
-  for (const auto& [part, tensor] : parts) {
-    if (part == "down" || part == "up") kinds.insert(ModuleKind::kLora);
-    if (part.rfind("hada_", 0) == 0) kinds.insert(ModuleKind::kLoha);
-    if (part.rfind("lokr_", 0) == 0) kinds.insert(ModuleKind::kLokr);
-  }
+  for (const auto& entry : parts)
+    if (const auto kind = kind_of_part(entry.first)) kinds.insert(*kind);
   SD_CHECK(!kinds.empty(), "{} has an alpha but no weights", layer);
   SD_CHECK(kinds.size() == 1, "{} mixes the keys of LoRA (lora_down/lora_up), LoHa (hada_*) and LoKr (lokr_*)", layer);
   return *kinds.begin();
@@ -221,18 +227,14 @@ std::map<std::string, std::pair<LoraComponent, std::string>> kohya_paths(StableD
   return paths;
 }
 
-// A LoRA file, or the one diffusers' load_lora_weights reads from a folder.
-fs::path lora_file_in(const fs::path& path) {
-  if (!fs::is_directory(path)) {
-    SD_CHECK(fs::is_regular_file(path), "{}: no such LoRA file", path.string());
-    return path;
-  }
-  for (const char* name : {"pytorch_lora_weights.safetensors", "pytorch_lora_weights.bin"})
-    if (fs::is_regular_file(path / name)) return path / name;
-  fail("{}: a folder without pytorch_lora_weights.safetensors or pytorch_lora_weights.bin", path.string());
-}
-
 }  // namespace
+
+std::optional<fs::path> find_lora_file(const fs::path& path) {
+  if (fs::is_regular_file(path)) return path;
+  for (const char* name : {"pytorch_lora_weights.safetensors", "pytorch_lora_weights.bin"})
+    if (fs::is_directory(path) && fs::is_regular_file(path / name)) return path / name;
+  return std::nullopt;
+}
 
 LoraFormat parse_lora_format(const std::string& name) {
   if (name == "diffusers") return LoraFormat::kDiffusers;
@@ -268,7 +270,11 @@ void save_lora_file(const fs::path& path, const LoraWeights& weights, LoraFormat
 }
 
 LoraFileContents load_lora_file(const fs::path& given, StableDiffusion& pipe) {
-  const fs::path path = lora_file_in(given);
+  const std::optional<fs::path> found = find_lora_file(given);
+  SD_CHECK(found, "{}: {}", given.string(),
+           fs::is_directory(given) ? "a folder without pytorch_lora_weights.safetensors or pytorch_lora_weights.bin"
+                                   : "no such LoRA file");
+  const fs::path& path = *found;
   const std::unique_ptr<io::TensorFile> opened = io::open_tensor_file(path);
   const io::TensorFile& file = *opened;
   const std::string name = path.string();
@@ -303,9 +309,10 @@ LoraFileContents load_lora_file(const fs::path& given, StableDiffusion& pipe) {
     const ModuleKind kind = kind_of(parts, layer);
     switch (kind) {
       case ModuleKind::kLora: {
-        const at::Tensor &down = parts["down"], &up = parts["up"];
-        SD_CHECK(down.defined() && up.defined(), "{} has {} weight but no {} weight", layer,
-                 down.defined() ? "a down" : "an up", down.defined() ? "up" : "down");
+        const bool has_down = parts.count("down"), has_up = parts.count("up");
+        SD_CHECK(has_down && has_up, "{} has {} weight but no {} weight", layer, has_down ? "a down" : "an up",
+                 has_down ? "up" : "down");
+        const at::Tensor &down = parts.at("down"), &up = parts.at("up");
         SD_CHECK(down.dim() >= 2, "{}: the down weight must be [rank, in] or [rank, in, kh, kw]", layer);
         contents.adapters.push_back({where.first, where.second, down, up, alpha.value_or(down.size(0))});
         break;
@@ -323,24 +330,24 @@ LoraFileContents load_lora_file(const fs::path& given, StableDiffusion& pipe) {
 
 namespace {
 
-// The kind and rank of one module of a file, from its parts' shapes (part -> key).
+// The kind and rank of one module of a file, from its parts' shapes (part -> key); "alpha only" for a module without
+// weights, which load_lora_file refuses but a summary shows.
 std::pair<std::string, std::optional<int64_t>> module_kind_and_rank(const io::TensorFile& file,
-                                                                    const std::map<std::string, std::string>& parts) {
+                                                                    const std::map<std::string, std::string>& parts,
+                                                                    const std::string& layer) {
   auto shape_of = [&](const std::string& part) { return file.info(parts.at(part)).shape; };
   auto rank_of = [&](const std::string& part) -> std::optional<int64_t> {
     if (!parts.count(part) || shape_of(part).empty()) return std::nullopt;
     return shape_of(part)[0];
   };
-  if (parts.count("down")) {
-    const std::vector<int64_t> down = shape_of("down");
-    return {down.size() == 4 && down[2] * down[3] > 1 ? "LoCon" : "LoRA", rank_of("down")};
+  if (parts.size() == parts.count("alpha")) return {"alpha only", std::nullopt};
+  switch (kind_of(parts, layer)) {
+    case ModuleKind::kLoha: return {"LoHa", rank_of("hada_w1_b")};
+    case ModuleKind::kLokr: return {"LoKr", parts.count("lokr_w2_b") ? rank_of("lokr_w2_b") : rank_of("lokr_w1_b")};
+    case ModuleKind::kLora: break;
   }
-  for (const auto& [part, key] : parts) {
-    if (part.rfind("hada_", 0) == 0) return {"LoHa", rank_of("hada_w1_b")};
-    if (part.rfind("lokr_", 0) == 0)
-      return {"LoKr", parts.count("lokr_w2_b") ? rank_of("lokr_w2_b") : rank_of("lokr_w1_b")};
-  }
-  return {parts.count("up") ? "LoRA" : "alpha only", std::nullopt};
+  const bool kxk = parts.count("down") && shape_of("down").size() == 4 && shape_of("down")[2] * shape_of("down")[3] > 1;
+  return {kxk ? "LoCon" : "LoRA", rank_of("down")};
 }
 
 }  // namespace
@@ -363,7 +370,8 @@ std::optional<LoraFileSummary> summarize_lora_file(const fs::path& path) {
   if (modules.empty()) return std::nullopt;
   for (const auto& [where, parts] : modules) {
     ++(where.first == LoraComponent::kUNet ? summary.unet_modules : summary.text_encoder_modules);
-    const auto [kind, rank] = module_kind_and_rank(*file, parts);
+    const auto [kind, rank] =
+        module_kind_and_rank(*file, parts, fmt::format("{}: module {}", path.string(), where.second));
     LoraFileSummary::Kind& k = summary.kinds[kind];
     ++k.modules;
     if (rank) k.ranks.insert(*rank);

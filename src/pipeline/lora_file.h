@@ -57,6 +57,10 @@ enum class LoraFormat { kDiffusers, kKohya };
 // "diffusers" | "kohya"; anything else throws sd::Error naming --lora_format.
 LoraFormat parse_lora_format(const std::string& name);
 
+// The LoRA file `path` names: itself, or for a folder its pytorch_lora_weights.safetensors (else .bin), as diffusers'
+// load_lora_weights(folder) reads; nullopt when there is none.
+std::optional<std::filesystem::path> find_lora_file(const std::filesystem::path& path);
+
 // diffusers' key of a LoRA tensor: part is "down" or "up" (e.g. unet.<module>.lora.down.weight). Training names
 // its adapter tensors with these, so a checkpoint's tensors load in diffusers as they are.
 std::string diffusers_lora_key(LoraComponent component, const std::string& module, const std::string& part);
