@@ -91,6 +91,12 @@ void LoraHost::add_to_weight(const at::Tensor& delta, double multiplier, const s
   weight.copy_(weight.to(dtype).add_(delta.to(dtype).reshape(weight.sizes()), multiplier));
 }
 
+at::Tensor LoraHost::weight_copy() {
+  const at::Tensor& weight = base_weight();
+  return weight.detach().to(at::promote_types(weight.scalar_type(), at::kFloat), /*non_blocking=*/false,
+                            /*copy=*/true);
+}
+
 at::Tensor LoraHost::add_adapter_outputs(const at::Tensor& x, const at::Tensor& base_output) const {
   at::Tensor out = base_output;
   for (const LoraAdapter& a : adapters_) {

@@ -40,10 +40,13 @@ class LoraHost {
   // dropped, as diffusers' fuse_lora does.
   void merge_adapters();
   void remove_adapters() { adapters_.clear(); }
-  // weight += multiplier · delta, delta holding as many values as the weight (a LyCORIS LoHa or LoKr update, which
-  // is not a low-rank product, so it is merged rather than attached). Summed in at least float32, as merge_adapters.
-  // Throws sd::Error naming `what` unless the sizes fit.
+  // weight += multiplier · delta, delta holding as many values as the weight (a LyCORIS LoHa, LoKr or DoRA update,
+  // which is not a low-rank product, so it is merged rather than attached). Summed in at least float32, as
+  // merge_adapters. Throws sd::Error naming `what` unless the sizes fit.
   void add_to_weight(const at::Tensor& delta, double multiplier, const std::string& what);
+  // A copy of the weight as it stands (with the updates added so far), in at least float32: what a DoRA update
+  // rescales.
+  at::Tensor weight_copy();
 
   // [out, in] or [out, in, kh, kw]: what the adapters must fit.
   virtual at::IntArrayRef base_weight_shape() const = 0;

@@ -1,6 +1,7 @@
 #include "pipeline/lora_file.h"
 
 #include <algorithm>
+#include <limits>
 #include <optional>
 #include <set>
 
@@ -59,8 +60,8 @@ class PipelineLayers {
   std::map<LoraComponent, std::map<std::string, models::LoraHost*>> hosts_;
 };
 
-// Where one key of a file goes. `part` is "down", "up" or "alpha" for a LoRA, else LyCORIS' own name (hada_w1_a,
-// lokr_w2, ...).
+// Where one key of a file goes. `part` is "down", "up", "mid" or "alpha" for a LoRA, else LyCORIS' own name
+// (hada_w1_a, lokr_w2, dora_scale, ...).
 struct KeyTarget {
   LoraComponent component;
   std::string module;
@@ -90,8 +91,11 @@ std::optional<KeyTarget> parse_diffusers_key(const std::string& key) {
 // The endings of kohya-named keys and the parts they name: LoRA's, and LyCORIS' (which keep their names).
 const std::vector<std::pair<std::string, std::string>>& kohya_suffixes() {
   static const std::vector<std::pair<std::string, std::string>> suffixes = [] {
-    std::vector<std::pair<std::string, std::string>> lora = {
-        {".lora_down.weight", "down"}, {".lora_up.weight", "up"}, {".alpha", "alpha"}};
+    std::vector<std::pair<std::string, std::string>> lora = {{".lora_down.weight", "down"},
+                                                             {".lora_up.weight", "up"},
+                                                             {".lora_mid.weight", "mid"},
+                                                             {".alpha", "alpha"},
+                                                             {".dora_scale", "dora_scale"}};
     for (const char* part : {"hada_w1_a", "hada_w1_b", "hada_w2_a", "hada_w2_b", "hada_t1", "hada_t2", "lokr_w1",
                              "lokr_w1_a", "lokr_w1_b", "lokr_w2", "lokr_w2_a", "lokr_w2_b", "lokr_t2"})
       lora.emplace_back(std::string(".") + part, part);
@@ -131,9 +135,10 @@ using Parts = std::map<std::string, at::Tensor>;
 
 enum class ModuleKind { kLora, kLoha, kLokr };
 
-// The kind of module a part belongs to: down and up make a LoRA, hada_* a LoHa, lokr_* a LoKr; nullopt for alpha.
+// The kind of module a part belongs to: down, up and mid make a LoRA, hada_* a LoHa, lokr_* a LoKr; nullopt for
+// alpha and dora_scale, which any kind can have.
 std::optional<ModuleKind> kind_of_part(const std::string& part) {
-  if (part == "down" || part == "up") return ModuleKind::kLora;
+  if (part == "down" || part == "up" || part == "mid") return ModuleKind::kLora;
   if (part.rfind("hada_", 0) == 0) return ModuleKind::kLoha;
   if (part.rfind("lokr_", 0) == 0) return ModuleKind::kLokr;
   return std::nullopt;
@@ -143,9 +148,14 @@ std::optional<ModuleKind> kind_of_part(const std::string& part) {
 template <typename PartMap>
 ModuleKind kind_of(const PartMap& parts, const std::string& layer) {
   std::set<ModuleKind> kinds;
-  for (const auto& entry : parts)
-    if (const auto kind = kind_of_part(entry.first)) kinds.insert(*kind);
-  SD_CHECK(!kinds.empty(), "{} has an alpha but no weights", layer);
+  std::vector<std::string> others;
+  for (const auto& entry : parts) {
+    if (const auto kind = kind_of_part(entry.first))
+      kinds.insert(*kind);
+    else
+      others.push_back(entry.first);
+  }
+  SD_CHECK(!kinds.empty(), "{} has {} but no weights", layer, fmt::join(others, " and "));
   SD_CHECK(kinds.size() == 1, "{} mixes the keys of LoRA (lora_down/lora_up), LoHa (hada_*) and LoKr (lokr_*)", layer);
   return *kinds.begin();
 }
@@ -177,46 +187,96 @@ at::Tensor lokr_factor(const Parts& p, const std::string& n) {
                          : low_rank_product(p.at(w + "_a"), p.at(w + "_b"));
 }
 
-// A LoHa or LoKr module's weight update (A1111's network_hada / network_lokr), times alpha / dim, where dim is the
-// rank of its low-rank products (w1_b's for LoHa; w2_b's, else w1_b's, for LoKr). Without an alpha or a rank (a
-// LoKr of whole factors) the update is taken as it is.
+// Throws sd::Error naming the factors a module of `kind` needs and lacks.
+void check_factors(const Parts& p, ModuleKind kind, const std::string& layer) {
+  switch (kind) {
+    case ModuleKind::kLora: {
+      const bool has_down = p.count("down"), has_up = p.count("up");
+      SD_CHECK(has_down && has_up, "{} has {} weight but no {} weight", layer, has_down ? "a down" : "an up",
+               has_down ? "up" : "down");
+      break;
+    }
+    case ModuleKind::kLoha: {
+      std::vector<std::string> missing;
+      for (const char* part : {"hada_w1_a", "hada_w1_b", "hada_w2_a", "hada_w2_b"})
+        if (!p.count(part)) missing.push_back(part);
+      SD_CHECK(missing.empty(), "{}: a LoHa module needs hada_w1_a, hada_w1_b, hada_w2_a and hada_w2_b; {} missing",
+               layer, fmt::join(missing, ", "));
+      break;
+    }
+    case ModuleKind::kLokr:
+      for (const std::string n : {"1", "2"})
+        SD_CHECK(p.count("lokr_w" + n) || (p.count("lokr_w" + n + "_a") && p.count("lokr_w" + n + "_b")),
+                 "{}: a LoKr module needs lokr_w{} or both lokr_w{}_a and lokr_w{}_b", layer, n, n, n);
+      break;
+  }
+}
+
+// A module's whole weight update (A1111's network_lora / network_hada / network_lokr), times alpha / dim, where dim
+// is the rank of its low-rank products (down's for LoRA, w1_b's for LoHa; w2_b's, else w1_b's, for LoKr). Without an
+// alpha or a rank (a LoKr of whole factors) the update is taken as it is.
+//   LoRA:                            ΔW = up·down, or with LyCORIS' lora_mid (a kxk conv in Tucker form) the
+//                                         Tucker product of mid [r, r, kh, kw], up [out, r, 1, 1], down [r, in, 1, 1]
 //   LoHa (FedPara, arXiv 2108.06098): ΔW = (w1_a·w1_b) ⊙ (w2_a·w2_b)
 //   LoKr (arXiv 2309.14859):         ΔW = w1 ⊗ w2 (Kronecker; w1 [a, b] acts as [a, b, 1, 1] beside a conv's w2)
-at::Tensor lycoris_update(const Parts& p, ModuleKind kind, at::IntArrayRef weight, std::optional<double> alpha,
-                          const std::string& layer) {
-  const bool loha = kind == ModuleKind::kLoha;
-  if (loha) {
-    std::vector<std::string> missing;
-    for (const char* part : {"hada_w1_a", "hada_w1_b", "hada_w2_a", "hada_w2_b"})
-      if (!p.count(part)) missing.push_back(part);
-    SD_CHECK(missing.empty(), "{}: a LoHa module needs hada_w1_a, hada_w1_b, hada_w2_a and hada_w2_b; {} missing",
-             layer, fmt::join(missing, ", "));
-  } else {
-    for (const std::string n : {"1", "2"})
-      SD_CHECK(p.count("lokr_w" + n) || (p.count("lokr_w" + n + "_a") && p.count("lokr_w" + n + "_b")),
-               "{}: a LoKr module needs lokr_w{} or both lokr_w{}_a and lokr_w{}_b", layer, n, n, n);
-  }
-  const char* rank_part = loha ? "hada_w1_b" : p.count("lokr_w2_b") ? "lokr_w2_b" : "lokr_w1_b";
+at::Tensor module_update(const Parts& p, ModuleKind kind, at::IntArrayRef weight, std::optional<double> alpha,
+                         const std::string& layer) {
+  const char* rank_part = kind == ModuleKind::kLora   ? "down"
+                          : kind == ModuleKind::kLoha ? "hada_w1_b"
+                          : p.count("lokr_w2_b")      ? "lokr_w2_b"
+                                                      : "lokr_w1_b";
   at::Tensor update;
   double multiplier = 1;
   try {
     if (alpha && p.count(rank_part)) multiplier = *alpha / static_cast<double>(p.at(rank_part).size(0));
-    if (loha) {
-      update = loha_factor(p, "1", weight) * loha_factor(p, "2", weight);
-    } else {
-      const at::Tensor w1 = lokr_factor(p, "1"), w2 = lokr_factor(p, "2");
-      // at::kron of 1.13 views its second operand, so a Tucker product (not contiguous) is made contiguous first.
-      update =
-          at::kron(w2.dim() == 4 ? w1.reshape({w1.size(0), w1.size(1), 1, 1}) : w1, w2.contiguous()).reshape(weight);
+    switch (kind) {
+      case ModuleKind::kLora: {
+        const at::Tensor &up = p.at("up"), &down = p.at("down");
+        const auto mid = p.find("mid");
+        update = mid != p.end() ? tucker_product(mid->second, up.flatten(1).t(), down.flatten(1))
+                                : low_rank_product(up, down);
+        break;
+      }
+      case ModuleKind::kLoha: update = loha_factor(p, "1", weight) * loha_factor(p, "2", weight); break;
+      case ModuleKind::kLokr: {
+        const at::Tensor w1 = lokr_factor(p, "1"), w2 = lokr_factor(p, "2");
+        // at::kron of 1.13 views its second operand, so a Tucker product (not contiguous) is made contiguous first.
+        update = at::kron(w2.dim() == 4 ? w1.reshape({w1.size(0), w1.size(1), 1, 1}) : w1, w2.contiguous());
+        break;
+      }
     }
+    update = update.reshape(weight);
   } catch (const std::exception&) {  // c10::Error from sizes and products, std::runtime_error from reshape
     std::vector<std::string> shapes;
     for (const auto& [part, tensor] : p)
-      if (part != "alpha") shapes.push_back(fmt::format("{} [{}]", part, fmt::join(tensor.sizes(), ", ")));
-    fail("{}: the {} factors {} do not make the layer's weight [{}]", layer, loha ? "LoHa" : "LoKr",
-         fmt::join(shapes, ", "), fmt::join(weight, ", "));
+      if (part != "alpha" && part != "dora_scale")
+        shapes.push_back(fmt::format("{} [{}]", part, fmt::join(tensor.sizes(), ", ")));
+    const char* label = kind == ModuleKind::kLora ? "LoRA" : kind == ModuleKind::kLoha ? "LoHa" : "LoKr";
+    fail("{}: the {} factors {} do not make the layer's weight [{}]", layer, label, fmt::join(shapes, ", "),
+         fmt::join(weight, ", "));
   }
   return update * multiplier;
+}
+
+// DoRA (arXiv 2402.09353) as LyCORIS stores and merges it: the updated weight W + ΔW rescaled to the norms
+// dora_scale holds, per output row when dora_scale is [out, 1, ...] (LyCORIS' wd_on_out, its default), per input
+// column when it is [1, in, ...] (its earlier default), returned as an update of W:
+//   W' = (W + ΔW) · dora_scale / (‖W + ΔW‖ + ε),  update = W' − W   (ε = float32's epsilon, as LyCORIS adds).
+// Merged with strength s, W + s·(W' − W) is W' at s = 1 and W at s = 0, as ComfyUI applies it.
+at::Tensor weight_decomposed_update(const at::Tensor& update, const at::Tensor& dora_scale, const at::Tensor& weight,
+                                    const std::string& layer) {
+  const int64_t out = weight.size(0), in = weight.size(1);
+  const bool per_output = dora_scale.dim() >= 1 && dora_scale.size(0) == out && dora_scale.numel() == out;
+  const bool per_input = dora_scale.dim() >= 2 && dora_scale.size(1) == in && dora_scale.numel() == in;
+  SD_CHECK(per_output || per_input,
+           "{}: dora_scale [{}] fits neither the layer's outputs [{}, 1, ...] nor its inputs [1, {}, ...]", layer,
+           fmt::join(dora_scale.sizes(), ", "), out, in);
+  const at::Tensor merged = weight + update.reshape(weight.sizes());
+  std::vector<int64_t> reduced;  // every dimension but the one dora_scale runs along
+  for (int64_t d = 0; d < merged.dim(); ++d)
+    if (d != (per_output ? 0 : 1)) reduced.push_back(d);
+  const at::Tensor norm = at::norm(merged, 2, reduced, /*keepdim=*/true) + std::numeric_limits<float>::epsilon();
+  return merged * (dora_scale.reshape(norm.sizes()) / norm) - weight;
 }
 
 // Kohya stem of every adaptable layer of the pipeline's models.
@@ -301,37 +361,33 @@ LoraFileContents load_lora_file(const fs::path& given, StableDiffusion& pipe) {
   }
   SD_CHECK(!modules.empty(), "{}: no LoRA weights in the file", name);
   LoraFileContents contents;
-  PipelineLayers layers(pipe);  // the shapes LyCORIS updates take
+  PipelineLayers layers(pipe);  // the shapes (and for DoRA the weights) that whole updates take
   for (auto& [where, parts] : modules) {
     const std::string layer = fmt::format("{}: layer {}", name, where.second);
     const std::optional<double> alpha =
         parts.count("alpha") ? std::optional<double>(parts.at("alpha").item<double>()) : std::nullopt;
     const ModuleKind kind = kind_of(parts, layer);
-    switch (kind) {
-      case ModuleKind::kLora: {
-        const bool has_down = parts.count("down"), has_up = parts.count("up");
-        SD_CHECK(has_down && has_up, "{} has {} weight but no {} weight", layer, has_down ? "a down" : "an up",
-                 has_down ? "up" : "down");
-        const at::Tensor &down = parts.at("down"), &up = parts.at("up");
-        SD_CHECK(down.dim() >= 2, "{}: the down weight must be [rank, in] or [rank, in, kh, kw]", layer);
-        contents.adapters.push_back({where.first, where.second, down, up, alpha.value_or(down.size(0))});
-        break;
-      }
-      case ModuleKind::kLoha:
-      case ModuleKind::kLokr: {
-        const at::IntArrayRef weight = layers.at(where.first, where.second, name).base_weight_shape();
-        contents.updates.push_back({where.first, where.second, lycoris_update(parts, kind, weight, alpha, layer)});
-        break;
-      }
+    check_factors(parts, kind, layer);
+    const auto dora_scale = parts.find("dora_scale");
+    if (kind == ModuleKind::kLora && !parts.count("mid") && dora_scale == parts.end()) {
+      const at::Tensor &down = parts.at("down"), &up = parts.at("up");
+      SD_CHECK(down.dim() >= 2, "{}: the down weight must be [rank, in] or [rank, in, kh, kw]", layer);
+      contents.adapters.push_back({where.first, where.second, down, up, alpha.value_or(down.size(0))});
+      continue;
     }
+    models::LoraHost& host = layers.at(where.first, where.second, name);
+    at::Tensor update = module_update(parts, kind, host.base_weight_shape(), alpha, layer);
+    if (dora_scale != parts.end())
+      update = weight_decomposed_update(update, dora_scale->second, host.weight_copy(), layer);
+    contents.updates.push_back({where.first, where.second, update});
   }
   return contents;
 }
 
 namespace {
 
-// The kind and rank of one module of a file, from its parts' shapes (part -> key); "alpha only" for a module without
-// weights, which load_lora_file refuses but a summary shows.
+// The kind and rank of one module of a file, from its parts' shapes (part -> key), marked +DoRA when it has a
+// dora_scale; "alpha only" for a module without weights, which load_lora_file refuses but a summary shows.
 std::pair<std::string, std::optional<int64_t>> module_kind_and_rank(const io::TensorFile& file,
                                                                     const std::map<std::string, std::string>& parts,
                                                                     const std::string& layer) {
@@ -341,13 +397,18 @@ std::pair<std::string, std::optional<int64_t>> module_kind_and_rank(const io::Te
     return shape_of(part)[0];
   };
   if (parts.size() == parts.count("alpha")) return {"alpha only", std::nullopt};
+  const std::string dora = parts.count("dora_scale") ? "+DoRA" : "";
   switch (kind_of(parts, layer)) {
-    case ModuleKind::kLoha: return {"LoHa", rank_of("hada_w1_b")};
-    case ModuleKind::kLokr: return {"LoKr", parts.count("lokr_w2_b") ? rank_of("lokr_w2_b") : rank_of("lokr_w1_b")};
+    case ModuleKind::kLoha: return {"LoHa" + dora, rank_of("hada_w1_b")};
+    case ModuleKind::kLokr:
+      return {"LoKr" + dora, parts.count("lokr_w2_b") ? rank_of("lokr_w2_b") : rank_of("lokr_w1_b")};
     case ModuleKind::kLora: break;
   }
-  const bool kxk = parts.count("down") && shape_of("down").size() == 4 && shape_of("down")[2] * shape_of("down")[3] > 1;
-  return {kxk ? "LoCon" : "LoRA", rank_of("down")};
+  auto kxk = [&](const std::string& part) {
+    const std::vector<int64_t> shape = parts.count(part) ? shape_of(part) : std::vector<int64_t>{};
+    return shape.size() == 4 && shape[2] * shape[3] > 1;
+  };
+  return {(kxk("down") || kxk("mid") ? "LoCon" : "LoRA") + dora, rank_of("down")};
 }
 
 }  // namespace

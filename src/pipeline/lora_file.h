@@ -9,7 +9,8 @@
 //     lora_te_<text encoder module with '.' -> '_'>..., training metadata as ss_* keys in __metadata__
 //   LyCORIS (read, as A1111 reads it), under kohya's stems: LoHa's .hada_w1_a, .hada_w1_b, .hada_w2_a, .hada_w2_b
 //     (with .hada_t1 / .hada_t2 for a kxk conv in Tucker form) and LoKr's .lokr_w1 (or .lokr_w1_a, .lokr_w1_b),
-//     .lokr_w2 (or .lokr_w2_a, .lokr_w2_b, with .lokr_t2 for a conv), with .alpha; LoCon is kohya's LoRA on convs.
+//     .lokr_w2 (or .lokr_w2_a, .lokr_w2_b, with .lokr_t2 for a conv), with .alpha; LoCon is kohya's LoRA on convs
+//     (with .lora_mid.weight in Tucker form); any of them with DoRA's .dora_scale (weight decomposition).
 // Module paths are diffusers' / transformers' (down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q,
 // text_model.encoder.layers.0.self_attn.q_proj); conv layers (LoCon) have [r, in, kh, kw] / [out, r, 1, 1].
 #pragma once
@@ -39,15 +40,16 @@ struct LoraModule {
 };
 using LoraWeights = std::vector<LoraModule>;
 
-// One layer's whole weight update from a LyCORIS LoHa or LoKr module: not a low-rank product, so it is merged into
-// the weight (as A1111 applies every LoRA) rather than attached as an adapter.
+// One layer's whole weight update from a LyCORIS LoHa, LoKr, Tucker LoCon or DoRA module: not a low-rank product
+// (or, for DoRA, not even linear in the weight), so it is merged into the weight (as A1111 applies every LoRA) rather
+// than attached as an adapter.
 struct WeightUpdate {
   LoraComponent component = LoraComponent::kUNet;
   std::string module;
   at::Tensor delta;  // as many values as the layer's weight, already multiplied by the file's alpha / dim
 };
 
-// What a LoRA file holds: low-rank adapters (LoRA, LoCon) and whole weight updates (LoHa, LoKr).
+// What a LoRA file holds: low-rank adapters (LoRA, LoCon) and whole weight updates (the rest).
 struct LoraFileContents {
   LoraWeights adapters;
   std::vector<WeightUpdate> updates;
@@ -73,9 +75,11 @@ void save_lora_file(const std::filesystem::path& path, const LoraWeights& weight
 // Reads a file in any of the formats above, told apart by its key names: safetensors, or a torch.save .bin as
 // diffusers 0.24 also writes; a folder stands for its pytorch_lora_weights.safetensors (else .bin), as
 // load_lora_weights(folder) reads. Kohya's names lose the dots of module paths, so they are resolved against the
-// pipeline's own layers. Throws one sd::Error line naming the file (and the key or layer) for a missing file, an
-// unknown key, a kohya name no layer has, a down without its up, a LoHa or LoKr module missing a factor or whose
-// factors do not make the layer's weight.
+// pipeline's own layers. A DoRA module's update is taken against the layer's weight as it stands: after earlier
+// files' merged updates (apply_lora_files), before their attached adapters. Throws one sd::Error line naming the
+// file (and the key or layer) for a missing file, an unknown key, a kohya name no layer has, a down without its up,
+// a LoHa or LoKr module missing a factor, factors that do not make the layer's weight, or a dora_scale of another
+// size.
 LoraFileContents load_lora_file(const std::filesystem::path& path, StableDiffusion& pipe);
 
 // What `sdtrain inspect` shows of a LoRA file, read without a model: from the tensors' names and shapes and the
@@ -86,8 +90,9 @@ struct LoraFileSummary {
     std::set<int64_t> ranks;  // none for a LoKr of whole factors
     std::set<double> alphas;  // as stored; none where the file has no alpha (diffusers': alpha = rank)
   };
-  std::set<std::string> namings;      // "diffusers", "kohya"
-  std::map<std::string, Kind> kinds;  // "LoRA" (linear or 1x1 conv), "LoCon" (kxk conv), "LoHa", "LoKr"
+  std::set<std::string> namings;  // "diffusers", "kohya"
+  // "LoRA" (linear or 1x1 conv), "LoCon" (kxk conv), "LoHa", "LoKr", each with "+DoRA" where it has a dora_scale
+  std::map<std::string, Kind> kinds;
   int64_t unet_modules = 0, text_encoder_modules = 0;
   ComponentSummary weights;  // parameters, bytes and dtypes of the weights (alphas not counted)
   std::map<std::string, std::string> metadata;

@@ -1,7 +1,7 @@
 // LoRA end to end: the reference LoRA image (golden C11) through `sdtrain generate --lora`, merged or not, and
-// through LyCORIS files of the same update; a LoRA trained by `sdtrain train --lora_rank` on the fixture images,
-// exported in both formats, generating the same images from either file, merged or not; resume and two sharded ranks
-// reproducing one rank; one clear line for bad input.
+// through LyCORIS (and DoRA) files of the same update; a LoRA trained by `sdtrain train --lora_rank` on the fixture
+// images, exported in both formats, generating the same images from either file, merged or not; resume and two sharded
+// ranks reproducing one rank; one clear line for bad input.
 
 #include <nlohmann/json.hpp>
 #include <torch/serialize.h>
@@ -72,12 +72,15 @@ TEST(LoraE2E, BinaryReproducesTheDiffusersLoraImageMergedOrNot) {
 }
 
 // The reference LoRA rewritten as LyCORIS modules of the same update, under kohya's names: a LoHa whose second
-// factor is all ones (ΔW = up·down ⊙ 1) and a LoKr whose first factor is [[1]] (ΔW = [[1]] ⊗ up·down), alpha = rank.
-// Both reproduce the diffusers image A1111-style (merged into the weights).
-TEST(LoraE2E, LyCorisLoHaAndLoKrOfTheReferenceUpdateReproduceItsImage) {
+// factor is all ones (ΔW = up·down ⊙ 1), a LoKr whose first factor is [[1]] (ΔW = [[1]] ⊗ up·down), and a DoRA
+// whose magnitudes are the norms W + ΔW has anyway (by output row for half the layers, by input channel for the
+// others), alpha = rank. All three reproduce the diffusers image A1111-style (merged into the weights).
+TEST(LoraE2E, LyCorisLoHaLoKrAndDoRAOfTheReferenceUpdateReproduceItsImage) {
   const at::Tensor golden = io::load_safetensors(sd::test::golden("tiny-sd1/lora_txt2img.safetensors")).at("image");
   const io::TensorMap reference = io::load_safetensors(sd::test::golden("tiny-sd1/lora_diffusers.safetensors"));
-  io::TensorMap loha, lokr;
+  const io::TensorMap unet = io::load_safetensors(tiny_sd1() / "unet" / "diffusion_pytorch_model.safetensors");
+  io::TensorMap loha, lokr, dora;
+  int64_t layers = 0;
   const std::string down_suffix = ".lora.down.weight";
   for (const auto& [key, down] : reference) {
     if (key.size() < down_suffix.size() ||
@@ -97,9 +100,15 @@ TEST(LoraE2E, LyCorisLoHaAndLoKrOfTheReferenceUpdateReproduceItsImage) {
     lokr[stem + ".lokr_w2_a"] = up;
     lokr[stem + ".lokr_w2_b"] = down;
     lokr[stem + ".alpha"] = rank;
+    dora[stem + ".lora_down.weight"] = down;
+    dora[stem + ".lora_up.weight"] = up;
+    dora[stem + ".alpha"] = rank;
+    const at::Tensor merged = unet.at(module + ".weight") + at::mm(up, down);
+    const int64_t along = layers++ % 2;  // 0: a norm per output row ([out, 1]), 1: per input channel ([1, in])
+    dora[stem + ".dora_scale"] = merged.norm(2, {1 - along}, /*keepdim=*/true);
   }
   ASSERT_EQ(loha.size(), 88u * 5);
-  for (const auto& [name, tensors] : {std::pair{"loha", loha}, std::pair{"lokr", lokr}}) {
+  for (const auto& [name, tensors] : {std::pair{"loha", loha}, std::pair{"lokr", lokr}, std::pair{"dora", dora}}) {
     SCOPED_TRACE(name);
     sd::test::TempDir dir;
     const fs::path file = dir.path() / (std::string(name) + ".safetensors");
@@ -159,7 +168,9 @@ TEST(LoraE2E, InspectShowsALoraFilesModulesRanksAlphasAndMetadata) {
   const std::string q = "lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_q",
                     te = "lora_te_text_model_encoder_layers_0_self_attn_q_proj",
                     locon = "lora_unet_down_blocks_1_resnets_0_conv1", loha = "lora_unet_down_blocks_0_resnets_0_conv1",
-                    lokr = "lora_unet_down_blocks_0_attentions_0_proj_in";
+                    lokr = "lora_unet_down_blocks_0_attentions_0_proj_in",
+                    tucker = "lora_unet_down_blocks_1_resnets_0_conv2",
+                    dora = "lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_k";
   const io::TensorMap tensors = {
       {q + ".lora_down.weight", at::zeros({2, 32})},  // 64 + 64 values
       {q + ".lora_up.weight", at::zeros({32, 2})},
@@ -177,18 +188,27 @@ TEST(LoraE2E, InspectShowsALoraFilesModulesRanksAlphasAndMetadata) {
       {loha + ".alpha", at::scalar_tensor(1.0)},
       {lokr + ".lokr_w1", at::zeros({4, 4})},  // 16 + 64 values, no rank, no alpha
       {lokr + ".lokr_w2", at::zeros({8, 8})},
+      {tucker + ".lora_down.weight", at::zeros({4, 64, 1, 1})},  // 256 + 144 + 256 values: a 3x3 LoCon
+      {tucker + ".lora_mid.weight", at::zeros({4, 4, 3, 3})},
+      {tucker + ".lora_up.weight", at::zeros({64, 4, 1, 1})},
+      {tucker + ".alpha", at::scalar_tensor(2.0)},
+      {dora + ".lora_down.weight", at::zeros({2, 32})},  // 64 + 64 + 32 values
+      {dora + ".lora_up.weight", at::zeros({32, 2})},
+      {dora + ".dora_scale", at::zeros({32, 1})},
+      {dora + ".alpha", at::scalar_tensor(1.0)},
   };
   const fs::path file = dir.path() / "mixed.safetensors";
   io::save_safetensors(file, tensors,
                        {{"ss_network_dim", "2"}, {"ss_tag_frequency", "{\"a\":\n" + std::string(120, 'x')}});
-  // 3024 values: 128 of them float16 (256 bytes), the rest float32 (11584 bytes).
+  // 3840 values: 128 of them float16 (256 bytes), the rest float32 (14848 bytes).
   EXPECT_EQ(inspect(file), file.string() +
-                               ": LoRA file (kohya names): 5 modules (UNet 4, text encoder 1), 0.003024 M params, "
-                               "float16,float32, 0.01 MB\n"
-                               "  LoCon          1 modules  rank 4  alpha 2\n"
+                               ": LoRA file (kohya names): 7 modules (UNet 6, text encoder 1), 0.003840 M params, "
+                               "float16,float32, 0.02 MB\n"
+                               "  LoCon          2 modules  rank 4  alpha 2\n"
                                "  LoHa           1 modules  rank 2  alpha 1\n"
                                "  LoKr           1 modules  rank -  alpha none (scale 1)\n"
                                "  LoRA           2 modules  rank 2  alpha 1\n"
+                               "  LoRA+DoRA      1 modules  rank 2  alpha 1\n"
                                "  ss_network_dim: 2\n"
                                "  ss_tag_frequency: {\"a\": " +
                                std::string(91, 'x') + "...\n");

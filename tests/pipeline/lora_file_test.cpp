@@ -1,6 +1,6 @@
 // LoRA files (pipeline/lora_file.h): the names diffusers 0.24 and kohya write, both formats read back to the same
-// adapters, the reference file (C11) loads onto tiny-sd1, LyCORIS' LoHa and LoKr updates as their definitions, and
-// one clear line for every bad file.
+// adapters, the reference file (C11) loads onto tiny-sd1, LyCORIS' LoHa, LoKr, Tucker LoCon and DoRA updates as their
+// definitions, and one clear line for every bad file.
 #include "pipeline/lora_file.h"
 
 #include "io/safetensors.h"
@@ -139,7 +139,20 @@ TEST(LoraFile, BadFilesAreOneLineNamingTheFileAndKey) {
                 ": an SDXL LoRA (key 'lora_te1_text_model_encoder_layers_0_self_attn_q_proj.lora_down.weight'); "
                 "sdtrain runs SD-1.x and SD-2.x models");
   const std::string layer = file + ": layer " + kUNetModule;
-  EXPECT_EQ(error_for({{stem + ".alpha", at::scalar_tensor(1.0)}}), layer + " has an alpha but no weights");
+  EXPECT_EQ(error_for({{stem + ".alpha", at::scalar_tensor(1.0)}}), layer + " has alpha but no weights");
+  EXPECT_EQ(error_for({{stem + ".alpha", at::scalar_tensor(1.0)}, {stem + ".dora_scale", at::ones({32, 1})}}),
+            layer + " has alpha and dora_scale but no weights");
+  EXPECT_EQ(
+      error_for(
+          {{stem + ".lora_down.weight", down}, {stem + ".lora_up.weight", up}, {stem + ".dora_scale", at::ones({3})}}),
+      layer + ": dora_scale [3] fits neither the layer's outputs [32, 1, ...] nor its inputs [1, 32, ...]");
+  const std::string conv_stem = "lora_unet_down_blocks_1_resnets_0_conv1";
+  EXPECT_EQ(error_for({{conv_stem + ".lora_down.weight", at::ones({2, 32, 1, 1})},
+                       {conv_stem + ".lora_mid.weight", at::ones({2, 2, 3, 3})},
+                       {conv_stem + ".lora_up.weight", at::ones({64, 3, 1, 1})}}),
+            file +
+                ": layer down_blocks.1.resnets.0.conv1: the LoRA factors down [2, 32, 1, 1], mid [2, 2, 3, 3], "
+                "up [64, 3, 1, 1] do not make the layer's weight [64, 32, 3, 3]");
   EXPECT_EQ(error_for({{stem + ".lora_down.weight", down}, {stem + ".hada_w1_a", up}}),
             layer + " mixes the keys of LoRA (lora_down/lora_up), LoHa (hada_*) and LoKr (lokr_*)");
   EXPECT_EQ(
@@ -288,6 +301,92 @@ TEST(LoraFile, LyCorisLoHaAndLoKrUpdateTheWeightsAsTheirDefinitions) {
     EXPECT_TRUE(at::allclose(after - before[i], expected[i].update * 0.7, 1e-4, 1e-5));
   }
   EXPECT_TRUE(models::adapter_tensors(*pipe.unet).empty());  // merged, not attached
+}
+
+// Each slice of `w` along dimension `dim` (a row for 0, an input channel for 1) divided by its norm, and the norms,
+// summed out by elements.
+std::pair<at::Tensor, at::Tensor> directions_and_norms(const at::Tensor& w, int64_t dim) {
+  std::vector<int64_t> others;
+  for (int64_t d = 0; d < w.dim(); ++d)
+    if (d != dim) others.push_back(d);
+  const at::Tensor norms = (w * w).sum(others, /*keepdim=*/true).sqrt();
+  return {w / norms, norms};
+}
+
+// LyCORIS' Tucker LoCon (lora_mid) written out by elements, and DoRA (dora_scale) by what it is: at --lora_scale 1
+// the layer's weight has the directions of W + ΔW and the norms dora_scale holds, per output row ([out, 1]) or per
+// input channel ([1, in, 1, 1]); below 1 it is that far along the way from W.
+TEST(LoraFile, LyCorisTuckerLoConAndDoRAFollowTheirDefinitions) {
+  sd::test::TempDir dir;
+  at::manual_seed(12);
+  const std::string conv = "lora_unet_down_blocks_1_resnets_0_conv1";                                 // [64, 32, 3, 3]
+  const std::string linear = "lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_q";  // [32, 32]
+  const std::string loha = "lora_unet_down_blocks_0_resnets_0_conv1";                                 // [32, 32, 3, 3]
+  io::TensorMap t = {
+      // Tucker LoCon, rank 2, alpha 1: multiplier 1/2.
+      {conv + ".lora_down.weight", at::randn({2, 32, 1, 1})},
+      {conv + ".lora_mid.weight", at::randn({2, 2, 3, 3})},
+      {conv + ".lora_up.weight", at::randn({64, 2, 1, 1})},
+      {conv + ".alpha", at::scalar_tensor(1.0)},
+      // A DoRA LoRA on a linear, alpha 4 over rank 2: ΔW = 2·up·down; a norm for each output row.
+      {linear + ".lora_down.weight", at::randn({2, 32}) * 0.1},
+      {linear + ".lora_up.weight", at::randn({32, 2}) * 0.1},
+      {linear + ".alpha", at::scalar_tensor(4.0)},
+      {linear + ".dora_scale", at::rand({32, 1}) + 0.5},
+      // A DoRA LoHa on a 3x3 conv, no alpha; a norm for each input channel.
+      {loha + ".hada_w1_a", at::randn({32, 2}) * 0.1},
+      {loha + ".hada_w1_b", at::randn({2, 288})},
+      {loha + ".hada_w2_a", at::randn({32, 2}) * 0.1},
+      {loha + ".hada_w2_b", at::randn({2, 288})},
+      {loha + ".dora_scale", at::rand({1, 32, 1, 1}) + 0.5},
+  };
+  const fs::path path = dir.path() / "lycoris.safetensors";
+  io::save_safetensors(path, t);
+  auto p = [&](const std::string& key) { return t.at(key); };
+  const std::string conv_module = "down_blocks.1.resnets.0.conv1",
+                    linear_module = "down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q",
+                    loha_module = "down_blocks.0.resnets.0.conv1";
+
+  StableDiffusion base = load_tiny(), full = load_tiny(), partial = load_tiny();
+  apply_lora_files(full, {path.string()}, {1.0}, /*fuse=*/false);
+  apply_lora_files(partial, {path.string()}, {0.7}, /*fuse=*/false);
+  auto weights = [&](const std::string& module) {
+    return std::tuple{layer_weight(base, LoraComponent::kUNet, module),
+                      layer_weight(full, LoraComponent::kUNet, module),
+                      layer_weight(partial, LoraComponent::kUNet, module)};
+  };
+  {
+    SCOPED_TRACE("Tucker LoCon");
+    const auto [w, w1, w07] = weights(conv_module);
+    const at::Tensor update =
+        tucker_by_elements(p(conv + ".lora_mid.weight"), p(conv + ".lora_up.weight").flatten(1).t(),
+                           p(conv + ".lora_down.weight").flatten(1)) *
+        0.5;
+    EXPECT_TRUE(at::allclose(w07 - w, update * 0.7, 1e-4, 1e-5));
+  }
+  struct Dora {
+    std::string module;
+    int64_t dim;  // what dora_scale runs along: 0 output rows, 1 input channels
+    at::Tensor update, dora_scale;
+  };
+  const std::vector<Dora> doras = {
+      {linear_module, 0, product_by_elements(p(linear + ".lora_up.weight"), p(linear + ".lora_down.weight")) * 2.0,
+       p(linear + ".dora_scale")},
+      {loha_module, 1,
+       (product_by_elements(p(loha + ".hada_w1_a"), p(loha + ".hada_w1_b")) *
+        product_by_elements(p(loha + ".hada_w2_a"), p(loha + ".hada_w2_b")))
+           .reshape({32, 32, 3, 3}),
+       p(loha + ".dora_scale")},
+  };
+  for (const Dora& d : doras) {
+    SCOPED_TRACE(d.module);
+    const auto [w, w1, w07] = weights(d.module);
+    const auto [directions, norms] = directions_and_norms(w1, d.dim);
+    EXPECT_TRUE(at::allclose(directions, directions_and_norms(w + d.update, d.dim).first, 1e-4, 1e-6));
+    EXPECT_TRUE(at::allclose(norms.flatten(), d.dora_scale.flatten(), 1e-5, 1e-6));
+    EXPECT_TRUE(at::allclose(w07, w + (w1 - w) * 0.7, 1e-5, 1e-6));
+  }
+  EXPECT_TRUE(models::adapter_tensors(*full.unet).empty());  // all three merged, not attached
 }
 
 }  // namespace
