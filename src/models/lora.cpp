@@ -35,6 +35,13 @@ void register_layer_parameters(torch::nn::Module& layer, at::IntArrayRef weight_
   if (!layers_uninitialized) initialize_as_torch_does(weight, bias);
 }
 
+// target += multiplier · delta, summed in at least float32 and rounded to target's dtype once.
+void add_in_float32(at::Tensor& target, const at::Tensor& delta, double multiplier) {
+  at::NoGradGuard no_grad;
+  const at::ScalarType dtype = at::promote_types(target.scalar_type(), at::kFloat);
+  target.copy_(target.to(dtype).add_(delta.to(dtype).reshape(target.sizes()), multiplier));
+}
+
 }  // namespace
 
 ScopedUninitializedLayers::ScopedUninitializedLayers() : previous_(layers_uninitialized) {
@@ -83,12 +90,18 @@ void LoraHost::merge_adapters() {
 }
 
 void LoraHost::add_to_weight(const at::Tensor& delta, double multiplier, const std::string& what) {
-  at::NoGradGuard no_grad;
   at::Tensor& weight = base_weight();
   SD_CHECK(delta.numel() == weight.numel(), "{}: an update of {} values does not fit the layer's weight {}", what,
            delta.numel(), shape_str(weight.sizes()));
-  const at::ScalarType dtype = at::promote_types(weight.scalar_type(), at::kFloat);
-  weight.copy_(weight.to(dtype).add_(delta.to(dtype).reshape(weight.sizes()), multiplier));
+  add_in_float32(weight, delta, multiplier);
+}
+
+void LoraHost::add_to_bias(const at::Tensor& delta, double multiplier, const std::string& what) {
+  at::Tensor& bias = base_bias();
+  SD_CHECK(bias.defined(), "{}: a bias update for a layer without a bias", what);
+  SD_CHECK(delta.numel() == bias.numel(), "{}: a bias update of {} values does not fit the layer's bias {}", what,
+           delta.numel(), shape_str(bias.sizes()));
+  add_in_float32(bias, delta, multiplier);
 }
 
 at::Tensor LoraHost::weight_copy() {

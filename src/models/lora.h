@@ -44,6 +44,9 @@ class LoraHost {
   // which is not a low-rank product, so it is merged rather than attached). Summed in at least float32, as
   // merge_adapters. Throws sd::Error naming `what` unless the sizes fit.
   void add_to_weight(const at::Tensor& delta, double multiplier, const std::string& what);
+  // bias += multiplier · delta (LyCORIS' full update of a layer, .diff_b), as add_to_weight. Throws sd::Error naming
+  // `what` for a layer without a bias or a delta of another size.
+  void add_to_bias(const at::Tensor& delta, double multiplier, const std::string& what);
   // A copy of the weight as it stands (with the updates added so far), in at least float32: what a DoRA update
   // rescales.
   at::Tensor weight_copy();
@@ -57,6 +60,7 @@ class LoraHost {
 
  private:
   virtual at::Tensor& base_weight() = 0;
+  virtual at::Tensor& base_bias() = 0;  // undefined without one
   // up(down(x)) with the layer's own geometry.
   virtual at::Tensor low_rank_output(const at::Tensor& x, const at::Tensor& down, const at::Tensor& up) const = 0;
 
@@ -98,6 +102,7 @@ class LinearImpl : public torch::nn::Cloneable<LinearImpl>, public LoraHost {
 
  private:
   at::Tensor& base_weight() override { return weight; }
+  at::Tensor& base_bias() override { return bias; }
   at::Tensor low_rank_output(const at::Tensor& x, const at::Tensor& down, const at::Tensor& up) const override;
 };
 TORCH_MODULE(Linear);
@@ -120,6 +125,7 @@ class Conv2dImpl : public torch::nn::Cloneable<Conv2dImpl>, public LoraHost {
  private:
   at::IntArrayRef padding() const { return *c10::get<torch::ExpandingArray<2>>(options.padding()); }
   at::Tensor& base_weight() override { return weight; }
+  at::Tensor& base_bias() override { return bias; }
   at::Tensor low_rank_output(const at::Tensor& x, const at::Tensor& down, const at::Tensor& up) const override;
 
   c10::intrusive_ptr<FrozenWeight> frozen_weight_ = c10::make_intrusive<FrozenWeight>();

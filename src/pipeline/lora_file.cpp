@@ -96,8 +96,9 @@ const std::vector<std::pair<std::string, std::string>>& kohya_suffixes() {
                                                              {".lora_mid.weight", "mid"},
                                                              {".alpha", "alpha"},
                                                              {".dora_scale", "dora_scale"}};
-    for (const char* part : {"hada_w1_a", "hada_w1_b", "hada_w2_a", "hada_w2_b", "hada_t1", "hada_t2", "lokr_w1",
-                             "lokr_w1_a", "lokr_w1_b", "lokr_w2", "lokr_w2_a", "lokr_w2_b", "lokr_t2"})
+    for (const char* part :
+         {"hada_w1_a", "hada_w1_b", "hada_w2_a", "hada_w2_b", "hada_t1", "hada_t2", "lokr_w1", "lokr_w1_a", "lokr_w1_b",
+          "lokr_w2", "lokr_w2_a", "lokr_w2_b", "lokr_t2", "diff", "diff_b"})
       lora.emplace_back(std::string(".") + part, part);
     return lora;
   }();
@@ -133,14 +134,15 @@ std::optional<KeyTarget> parse_kohya_key(const std::string& key,
 // One layer's tensors in a file, by part name (KeyTarget::part).
 using Parts = std::map<std::string, at::Tensor>;
 
-enum class ModuleKind { kLora, kLoha, kLokr };
+enum class ModuleKind { kLora, kLoha, kLokr, kFull };
 
-// The kind of module a part belongs to: down, up and mid make a LoRA, hada_* a LoHa, lokr_* a LoKr; nullopt for
-// alpha and dora_scale, which any kind can have.
+// The kind of module a part belongs to: down, up and mid make a LoRA, hada_* a LoHa, lokr_* a LoKr, diff and diff_b
+// a full update; nullopt for alpha and dora_scale, which any kind can have.
 std::optional<ModuleKind> kind_of_part(const std::string& part) {
   if (part == "down" || part == "up" || part == "mid") return ModuleKind::kLora;
   if (part.rfind("hada_", 0) == 0) return ModuleKind::kLoha;
   if (part.rfind("lokr_", 0) == 0) return ModuleKind::kLokr;
+  if (part == "diff" || part == "diff_b") return ModuleKind::kFull;
   return std::nullopt;
 }
 
@@ -156,7 +158,9 @@ ModuleKind kind_of(const PartMap& parts, const std::string& layer) {
       others.push_back(entry.first);
   }
   SD_CHECK(!kinds.empty(), "{} has {} but no weights", layer, fmt::join(others, " and "));
-  SD_CHECK(kinds.size() == 1, "{} mixes the keys of LoRA (lora_down/lora_up), LoHa (hada_*) and LoKr (lokr_*)", layer);
+  SD_CHECK(kinds.size() == 1,
+           "{} mixes the keys of LoRA (lora_down/lora_up), LoHa (hada_*), LoKr (lokr_*) and full (diff) modules",
+           layer);
   return *kinds.begin();
 }
 
@@ -187,6 +191,16 @@ at::Tensor lokr_factor(const Parts& p, const std::string& n) {
                          : low_rank_product(p.at(w + "_a"), p.at(w + "_b"));
 }
 
+const char* kind_label(ModuleKind kind) {
+  switch (kind) {
+    case ModuleKind::kLora: return "LoRA";
+    case ModuleKind::kLoha: return "LoHa";
+    case ModuleKind::kLokr: return "LoKr";
+    case ModuleKind::kFull: return "full";
+  }
+  return "";
+}
+
 // Throws sd::Error naming the factors a module of `kind` needs and lacks.
 void check_factors(const Parts& p, ModuleKind kind, const std::string& layer) {
   switch (kind) {
@@ -209,20 +223,23 @@ void check_factors(const Parts& p, ModuleKind kind, const std::string& layer) {
         SD_CHECK(p.count("lokr_w" + n) || (p.count("lokr_w" + n + "_a") && p.count("lokr_w" + n + "_b")),
                  "{}: a LoKr module needs lokr_w{} or both lokr_w{}_a and lokr_w{}_b", layer, n, n, n);
       break;
+    case ModuleKind::kFull: SD_CHECK(p.count("diff"), "{}: a full module needs diff besides diff_b", layer); break;
   }
 }
 
-// A module's whole weight update (A1111's network_lora / network_hada / network_lokr), times alpha / dim, where dim
-// is the rank of its low-rank products (down's for LoRA, w1_b's for LoHa; w2_b's, else w1_b's, for LoKr). Without an
-// alpha or a rank (a LoKr of whole factors) the update is taken as it is.
+// A module's whole weight update (A1111's network_lora / network_hada / network_lokr / network_full), times
+// alpha / dim, where dim is the rank of its low-rank products (down's for LoRA, w1_b's for LoHa; w2_b's, else w1_b's,
+// for LoKr). Without an alpha or a rank (a LoKr of whole factors, a full update) the update is taken as it is.
 //   LoRA:                            ΔW = up·down, or with LyCORIS' lora_mid (a kxk conv in Tucker form) the
 //                                         Tucker product of mid [r, r, kh, kw], up [out, r, 1, 1], down [r, in, 1, 1]
 //   LoHa (FedPara, arXiv 2108.06098): ΔW = (w1_a·w1_b) ⊙ (w2_a·w2_b)
 //   LoKr (arXiv 2309.14859):         ΔW = w1 ⊗ w2 (Kronecker; w1 [a, b] acts as [a, b, 1, 1] beside a conv's w2)
+//   full:                            ΔW = diff (its bias update, diff_b, is the caller's)
 at::Tensor module_update(const Parts& p, ModuleKind kind, at::IntArrayRef weight, std::optional<double> alpha,
                          const std::string& layer) {
   const char* rank_part = kind == ModuleKind::kLora   ? "down"
                           : kind == ModuleKind::kLoha ? "hada_w1_b"
+                          : kind == ModuleKind::kFull ? ""
                           : p.count("lokr_w2_b")      ? "lokr_w2_b"
                                                       : "lokr_w1_b";
   at::Tensor update;
@@ -244,14 +261,15 @@ at::Tensor module_update(const Parts& p, ModuleKind kind, at::IntArrayRef weight
         update = at::kron(w2.dim() == 4 ? w1.reshape({w1.size(0), w1.size(1), 1, 1}) : w1, w2.contiguous());
         break;
       }
+      case ModuleKind::kFull: update = p.at("diff"); break;
     }
     update = update.reshape(weight);
   } catch (const std::exception&) {  // c10::Error from sizes and products, std::runtime_error from reshape
     std::vector<std::string> shapes;
     for (const auto& [part, tensor] : p)
-      if (part != "alpha" && part != "dora_scale")
+      if (part != "alpha" && part != "dora_scale" && part != "diff_b")
         shapes.push_back(fmt::format("{} [{}]", part, fmt::join(tensor.sizes(), ", ")));
-    const char* label = kind == ModuleKind::kLora ? "LoRA" : kind == ModuleKind::kLoha ? "LoHa" : "LoKr";
+    const char* label = kind_label(kind);
     fail("{}: the {} factors {} do not make the layer's weight [{}]", layer, label, fmt::join(shapes, ", "),
          fmt::join(weight, ", "));
   }
@@ -379,7 +397,8 @@ LoraFileContents load_lora_file(const fs::path& given, StableDiffusion& pipe) {
     at::Tensor update = module_update(parts, kind, host.base_weight_shape(), alpha, layer);
     if (dora_scale != parts.end())
       update = weight_decomposed_update(update, dora_scale->second, host.weight_copy(), layer);
-    contents.updates.push_back({where.first, where.second, update});
+    const auto bias = parts.find("diff_b");
+    contents.updates.push_back({where.first, where.second, update, bias != parts.end() ? bias->second : at::Tensor()});
   }
   return contents;
 }
@@ -402,6 +421,7 @@ std::pair<std::string, std::optional<int64_t>> module_kind_and_rank(const io::Te
     case ModuleKind::kLoha: return {"LoHa" + dora, rank_of("hada_w1_b")};
     case ModuleKind::kLokr:
       return {"LoKr" + dora, parts.count("lokr_w2_b") ? rank_of("lokr_w2_b") : rank_of("lokr_w1_b")};
+    case ModuleKind::kFull: return {"Full" + dora, std::nullopt};
     case ModuleKind::kLora: break;
   }
   auto kxk = [&](const std::string& part) {
@@ -458,8 +478,11 @@ void attach_lora(StableDiffusion& pipe, const LoraWeights& weights, double scale
 void apply_weight_updates(StableDiffusion& pipe, const std::vector<WeightUpdate>& updates, double scale,
                           const std::string& source) {
   PipelineLayers layers(pipe);
-  for (const WeightUpdate& u : updates)
-    layers.at(u.component, u.module, source).add_to_weight(u.delta, scale, source + ": " + u.module);
+  for (const WeightUpdate& u : updates) {
+    models::LoraHost& layer = layers.at(u.component, u.module, source);
+    layer.add_to_weight(u.delta, scale, source + ": " + u.module);
+    if (u.bias_delta.defined()) layer.add_to_bias(u.bias_delta, scale, source + ": " + u.module);
+  }
 }
 
 void apply_lora_files(StableDiffusion& pipe, const std::vector<std::string>& files, const std::vector<double>& scales,

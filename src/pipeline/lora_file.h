@@ -10,7 +10,8 @@
 //   LyCORIS (read, as A1111 reads it), under kohya's stems: LoHa's .hada_w1_a, .hada_w1_b, .hada_w2_a, .hada_w2_b
 //     (with .hada_t1 / .hada_t2 for a kxk conv in Tucker form) and LoKr's .lokr_w1 (or .lokr_w1_a, .lokr_w1_b),
 //     .lokr_w2 (or .lokr_w2_a, .lokr_w2_b, with .lokr_t2 for a conv), with .alpha; LoCon is kohya's LoRA on convs
-//     (with .lora_mid.weight in Tucker form); any of them with DoRA's .dora_scale (weight decomposition).
+//     (with .lora_mid.weight in Tucker form); full updates .diff (with .diff_b for the bias); any of them with DoRA's
+//     .dora_scale (weight decomposition).
 // Module paths are diffusers' / transformers' (down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q,
 // text_model.encoder.layers.0.self_attn.q_proj); conv layers (LoCon) have [r, in, kh, kw] / [out, r, 1, 1].
 #pragma once
@@ -40,13 +41,14 @@ struct LoraModule {
 };
 using LoraWeights = std::vector<LoraModule>;
 
-// One layer's whole weight update from a LyCORIS LoHa, LoKr, Tucker LoCon or DoRA module: not a low-rank product
+// One layer's whole weight update from a LyCORIS LoHa, LoKr, Tucker LoCon, full or DoRA module: not a low-rank product
 // (or, for DoRA, not even linear in the weight), so it is merged into the weight (as A1111 applies every LoRA) rather
 // than attached as an adapter.
 struct WeightUpdate {
   LoraComponent component = LoraComponent::kUNet;
   std::string module;
-  at::Tensor delta;  // as many values as the layer's weight, already multiplied by the file's alpha / dim
+  at::Tensor delta;       // as many values as the layer's weight, already multiplied by the file's alpha / dim
+  at::Tensor bias_delta;  // as many values as the layer's bias (a full update's diff_b); undefined for the rest
 };
 
 // What a LoRA file holds: low-rank adapters (LoRA, LoCon) and whole weight updates (the rest).
@@ -91,7 +93,7 @@ struct LoraFileSummary {
     std::set<double> alphas;  // as stored; none where the file has no alpha (diffusers': alpha = rank)
   };
   std::set<std::string> namings;  // "diffusers", "kohya"
-  // "LoRA" (linear or 1x1 conv), "LoCon" (kxk conv), "LoHa", "LoKr", each with "+DoRA" where it has a dora_scale
+  // "LoRA" (linear or 1x1 conv), "LoCon" (kxk conv), "LoHa", "LoKr", "Full", each "+DoRA" where it has a dora_scale
   std::map<std::string, Kind> kinds;
   int64_t unet_modules = 0, text_encoder_modules = 0;
   ComponentSummary weights;  // parameters, bytes and dtypes of the weights (alphas not counted)
@@ -106,8 +108,9 @@ std::optional<LoraFileSummary> summarize_lora_file(const std::filesystem::path& 
 // naming `source` (the file) and the module for a layer the models do not have or shapes that do not fit it.
 void attach_lora(StableDiffusion& pipe, const LoraWeights& weights, double scale, const std::string& source);
 
-// Adds scale · delta to each update's layer weight. Throws one sd::Error line naming `source` and the module for a
-// layer the models do not have or a delta of another size.
+// Adds scale · delta to each update's layer weight (and scale · bias_delta to its bias). Throws one sd::Error line
+// naming `source` and the module for a layer the models do not have, a delta of another size or a bias update for a
+// layer without a bias.
 void apply_weight_updates(StableDiffusion& pipe, const std::vector<WeightUpdate>& updates, double scale,
                           const std::string& source);
 

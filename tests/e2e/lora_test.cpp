@@ -1,5 +1,5 @@
 // LoRA end to end: the reference LoRA image (golden C11) through `sdtrain generate --lora`, merged or not, and
-// through LyCORIS (and DoRA) files of the same update; a LoRA trained by `sdtrain train --lora_rank` on the fixture
+// through LyCORIS (full, DoRA) files of the same update; a LoRA trained by `sdtrain train --lora_rank` on the fixture
 // images, exported in both formats, generating the same images from either file, merged or not; resume and two sharded
 // ranks reproducing one rank; one clear line for bad input.
 
@@ -72,14 +72,15 @@ TEST(LoraE2E, BinaryReproducesTheDiffusersLoraImageMergedOrNot) {
 }
 
 // The reference LoRA rewritten as LyCORIS modules of the same update, under kohya's names: a LoHa whose second
-// factor is all ones (ΔW = up·down ⊙ 1), a LoKr whose first factor is [[1]] (ΔW = [[1]] ⊗ up·down), and a DoRA
-// whose magnitudes are the norms W + ΔW has anyway (by output row for half the layers, by input channel for the
-// others), alpha = rank. All three reproduce the diffusers image A1111-style (merged into the weights).
-TEST(LoraE2E, LyCorisLoHaLoKrAndDoRAOfTheReferenceUpdateReproduceItsImage) {
+// factor is all ones (ΔW = up·down ⊙ 1), a LoKr whose first factor is [[1]] (ΔW = [[1]] ⊗ up·down), a full update
+// (diff = up·down), and a DoRA whose magnitudes are the norms W + ΔW has anyway (by output row for half the layers,
+// by input channel for the others), alpha = rank. All reproduce the diffusers image A1111-style (merged into the
+// weights).
+TEST(LoraE2E, LyCorisLoHaLoKrFullAndDoRAOfTheReferenceUpdateReproduceItsImage) {
   const at::Tensor golden = io::load_safetensors(sd::test::golden("tiny-sd1/lora_txt2img.safetensors")).at("image");
   const io::TensorMap reference = io::load_safetensors(sd::test::golden("tiny-sd1/lora_diffusers.safetensors"));
   const io::TensorMap unet = io::load_safetensors(tiny_sd1() / "unet" / "diffusion_pytorch_model.safetensors");
-  io::TensorMap loha, lokr, dora;
+  io::TensorMap loha, lokr, full, dora;
   int64_t layers = 0;
   const std::string down_suffix = ".lora.down.weight";
   for (const auto& [key, down] : reference) {
@@ -100,6 +101,7 @@ TEST(LoraE2E, LyCorisLoHaLoKrAndDoRAOfTheReferenceUpdateReproduceItsImage) {
     lokr[stem + ".lokr_w2_a"] = up;
     lokr[stem + ".lokr_w2_b"] = down;
     lokr[stem + ".alpha"] = rank;
+    full[stem + ".diff"] = at::mm(up, down);
     dora[stem + ".lora_down.weight"] = down;
     dora[stem + ".lora_up.weight"] = up;
     dora[stem + ".alpha"] = rank;
@@ -108,7 +110,8 @@ TEST(LoraE2E, LyCorisLoHaLoKrAndDoRAOfTheReferenceUpdateReproduceItsImage) {
     dora[stem + ".dora_scale"] = merged.norm(2, {1 - along}, /*keepdim=*/true);
   }
   ASSERT_EQ(loha.size(), 88u * 5);
-  for (const auto& [name, tensors] : {std::pair{"loha", loha}, std::pair{"lokr", lokr}, std::pair{"dora", dora}}) {
+  for (const auto& [name, tensors] :
+       {std::pair{"loha", loha}, std::pair{"lokr", lokr}, std::pair{"full", full}, std::pair{"dora", dora}}) {
     SCOPED_TRACE(name);
     sd::test::TempDir dir;
     const fs::path file = dir.path() / (std::string(name) + ".safetensors");
@@ -170,7 +173,8 @@ TEST(LoraE2E, InspectShowsALoraFilesModulesRanksAlphasAndMetadata) {
                     locon = "lora_unet_down_blocks_1_resnets_0_conv1", loha = "lora_unet_down_blocks_0_resnets_0_conv1",
                     lokr = "lora_unet_down_blocks_0_attentions_0_proj_in",
                     tucker = "lora_unet_down_blocks_1_resnets_0_conv2",
-                    dora = "lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_k";
+                    dora = "lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_k",
+                    whole = "lora_unet_conv_in";
   const io::TensorMap tensors = {
       {q + ".lora_down.weight", at::zeros({2, 32})},  // 64 + 64 values
       {q + ".lora_up.weight", at::zeros({32, 2})},
@@ -196,14 +200,17 @@ TEST(LoraE2E, InspectShowsALoraFilesModulesRanksAlphasAndMetadata) {
       {dora + ".lora_up.weight", at::zeros({32, 2})},
       {dora + ".dora_scale", at::zeros({32, 1})},
       {dora + ".alpha", at::scalar_tensor(1.0)},
+      {whole + ".diff", at::zeros({32, 4, 3, 3})},  // 1152 + 32 values
+      {whole + ".diff_b", at::zeros({32})},
   };
   const fs::path file = dir.path() / "mixed.safetensors";
   io::save_safetensors(file, tensors,
                        {{"ss_network_dim", "2"}, {"ss_tag_frequency", "{\"a\":\n" + std::string(120, 'x')}});
-  // 3840 values: 128 of them float16 (256 bytes), the rest float32 (14848 bytes).
+  // 5024 values: 128 of them float16 (256 bytes), the rest float32 (19584 bytes).
   EXPECT_EQ(inspect(file), file.string() +
-                               ": LoRA file (kohya names): 7 modules (UNet 6, text encoder 1), 0.003840 M params, "
+                               ": LoRA file (kohya names): 8 modules (UNet 7, text encoder 1), 0.005024 M params, "
                                "float16,float32, 0.02 MB\n"
+                               "  Full           1 modules  rank -  alpha none (scale 1)\n"
                                "  LoCon          2 modules  rank 4  alpha 2\n"
                                "  LoHa           1 modules  rank 2  alpha 1\n"
                                "  LoKr           1 modules  rank -  alpha none (scale 1)\n"

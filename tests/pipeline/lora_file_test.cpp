@@ -1,6 +1,6 @@
 // LoRA files (pipeline/lora_file.h): the names diffusers 0.24 and kohya write, both formats read back to the same
-// adapters, the reference file (C11) loads onto tiny-sd1, LyCORIS' LoHa, LoKr, Tucker LoCon and DoRA updates as their
-// definitions, and one clear line for every bad file.
+// adapters, the reference file (C11) loads onto tiny-sd1, LyCORIS' LoHa, LoKr, Tucker LoCon, full and DoRA updates
+// as their definitions, and one clear line for every bad file.
 #include "pipeline/lora_file.h"
 
 #include "io/safetensors.h"
@@ -153,8 +153,14 @@ TEST(LoraFile, BadFilesAreOneLineNamingTheFileAndKey) {
             file +
                 ": layer down_blocks.1.resnets.0.conv1: the LoRA factors down [2, 32, 1, 1], mid [2, 2, 3, 3], "
                 "up [64, 3, 1, 1] do not make the layer's weight [64, 32, 3, 3]");
-  EXPECT_EQ(error_for({{stem + ".lora_down.weight", down}, {stem + ".hada_w1_a", up}}),
-            layer + " mixes the keys of LoRA (lora_down/lora_up), LoHa (hada_*) and LoKr (lokr_*)");
+  EXPECT_EQ(
+      error_for({{stem + ".lora_down.weight", down}, {stem + ".hada_w1_a", up}}),
+      layer + " mixes the keys of LoRA (lora_down/lora_up), LoHa (hada_*), LoKr (lokr_*) and full (diff) modules");
+  EXPECT_EQ(error_for({{stem + ".diff_b", at::ones({32})}}), layer + ": a full module needs diff besides diff_b");
+  EXPECT_EQ(error_for({{stem + ".diff", at::ones({3, 3})}}),
+            layer + ": the full factors diff [3, 3] do not make the layer's weight [32, 32]");
+  EXPECT_EQ(error_for({{stem + ".diff", at::ones({32, 32})}, {stem + ".diff_b", at::ones({32})}}),
+            file + ": " + kUNetModule + ": a bias update for a layer without a bias");
   EXPECT_EQ(
       error_for({{stem + ".hada_w1_a", up}, {stem + ".hada_w1_b", down}}),
       layer + ": a LoHa module needs hada_w1_a, hada_w1_b, hada_w2_a and hada_w2_b; hada_w2_a, hada_w2_b missing");
@@ -223,10 +229,12 @@ at::Tensor kron_by_elements(const at::Tensor& w1, const at::Tensor& w2) {
   return out;
 }
 
-at::Tensor layer_weight(StableDiffusion& pipe, LoraComponent c, const std::string& module) {
+// A copy of a layer's "weight" or "bias".
+at::Tensor layer_weight(StableDiffusion& pipe, LoraComponent c, const std::string& module,
+                        const std::string& name = "weight") {
   torch::nn::Module& model = c == LoraComponent::kUNet ? static_cast<torch::nn::Module&>(*pipe.unet)
                                                        : static_cast<torch::nn::Module&>(*pipe.text_encoder);
-  return model.named_parameters()[module + ".weight"].detach().clone();
+  return model.named_parameters()[module + "." + name].detach().clone();
 }
 
 TEST(LoraFile, LyCorisLoHaAndLoKrUpdateTheWeightsAsTheirDefinitions) {
@@ -313,16 +321,22 @@ std::pair<at::Tensor, at::Tensor> directions_and_norms(const at::Tensor& w, int6
   return {w / norms, norms};
 }
 
-// LyCORIS' Tucker LoCon (lora_mid) written out by elements, and DoRA (dora_scale) by what it is: at --lora_scale 1
-// the layer's weight has the directions of W + ΔW and the norms dora_scale holds, per output row ([out, 1]) or per
-// input channel ([1, in, 1, 1]); below 1 it is that far along the way from W.
-TEST(LoraFile, LyCorisTuckerLoConAndDoRAFollowTheirDefinitions) {
+// LyCORIS' Tucker LoCon (lora_mid) written out by elements, a full update (diff, diff_b) added as it is, and DoRA
+// (dora_scale) by what it is: at --lora_scale 1 the layer's weight has the directions of W + ΔW and the norms
+// dora_scale holds, per output row ([out, 1]) or per input channel ([1, in, 1, 1]); below 1 it is that far along the
+// way from W.
+TEST(LoraFile, LyCorisTuckerLoConFullAndDoRAFollowTheirDefinitions) {
   sd::test::TempDir dir;
   at::manual_seed(12);
   const std::string conv = "lora_unet_down_blocks_1_resnets_0_conv1";                                 // [64, 32, 3, 3]
   const std::string linear = "lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_q";  // [32, 32]
   const std::string loha = "lora_unet_down_blocks_0_resnets_0_conv1";                                 // [32, 32, 3, 3]
+  const std::string full = "lora_unet_down_blocks_0_resnets_0_conv2";                                 // [32, 32, 3, 3]
   io::TensorMap t = {
+      // A full update of weight and bias; its alpha is not used (LyCORIS' and A1111's full modules have no rank).
+      {full + ".diff", at::randn({32, 32, 3, 3})},
+      {full + ".diff_b", at::randn({32})},
+      {full + ".alpha", at::scalar_tensor(5.0)},
       // Tucker LoCon, rank 2, alpha 1: multiplier 1/2.
       {conv + ".lora_down.weight", at::randn({2, 32, 1, 1})},
       {conv + ".lora_mid.weight", at::randn({2, 2, 3, 3})},
@@ -347,12 +361,12 @@ TEST(LoraFile, LyCorisTuckerLoConAndDoRAFollowTheirDefinitions) {
                     linear_module = "down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q",
                     loha_module = "down_blocks.0.resnets.0.conv1";
 
-  StableDiffusion base = load_tiny(), full = load_tiny(), partial = load_tiny();
-  apply_lora_files(full, {path.string()}, {1.0}, /*fuse=*/false);
+  StableDiffusion base = load_tiny(), whole = load_tiny(), partial = load_tiny();
+  apply_lora_files(whole, {path.string()}, {1.0}, /*fuse=*/false);
   apply_lora_files(partial, {path.string()}, {0.7}, /*fuse=*/false);
   auto weights = [&](const std::string& module) {
     return std::tuple{layer_weight(base, LoraComponent::kUNet, module),
-                      layer_weight(full, LoraComponent::kUNet, module),
+                      layer_weight(whole, LoraComponent::kUNet, module),
                       layer_weight(partial, LoraComponent::kUNet, module)};
   };
   {
@@ -363,6 +377,15 @@ TEST(LoraFile, LyCorisTuckerLoConAndDoRAFollowTheirDefinitions) {
                            p(conv + ".lora_down.weight").flatten(1)) *
         0.5;
     EXPECT_TRUE(at::allclose(w07 - w, update * 0.7, 1e-4, 1e-5));
+  }
+  {
+    SCOPED_TRACE("full");
+    const std::string module = "down_blocks.0.resnets.0.conv2";
+    const auto [w, w1, w07] = weights(module);
+    EXPECT_TRUE(at::allclose(w07 - w, p(full + ".diff") * 0.7, 1e-5, 1e-6));
+    const at::Tensor bias = layer_weight(base, LoraComponent::kUNet, module, "bias"),
+                     bias07 = layer_weight(partial, LoraComponent::kUNet, module, "bias");
+    EXPECT_TRUE(at::allclose(bias07 - bias, p(full + ".diff_b") * 0.7, 1e-5, 1e-6));
   }
   struct Dora {
     std::string module;
@@ -386,7 +409,7 @@ TEST(LoraFile, LyCorisTuckerLoConAndDoRAFollowTheirDefinitions) {
     EXPECT_TRUE(at::allclose(norms.flatten(), d.dora_scale.flatten(), 1e-5, 1e-6));
     EXPECT_TRUE(at::allclose(w07, w + (w1 - w) * 0.7, 1e-5, 1e-6));
   }
-  EXPECT_TRUE(models::adapter_tensors(*full.unet).empty());  // all three merged, not attached
+  EXPECT_TRUE(models::adapter_tensors(*whole.unet).empty());  // all merged, not attached
 }
 
 }  // namespace
