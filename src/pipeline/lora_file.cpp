@@ -373,6 +373,7 @@ LoraFileContents load_lora_file(const fs::path& given, StableDiffusion& pipe) {
              "text-encoder, up and alpha twins)",
              name, key);
     const at::Tensor value = file.read(key).to(at::kFloat);
+    io::check_finite(value, name, key);  // a NaN in any factor makes every image NaN
     SD_CHECK(target->part != "alpha" || value.numel() == 1, "{}: '{}': alpha must be a single number, got {} values",
              name, key, value.numel());
     modules[{target->component, target->module}][target->part] = value;

@@ -139,6 +139,11 @@ TEST(LoraFile, BadFilesAreOneLineNamingTheFileAndKey) {
                 ": an SDXL LoRA (key 'lora_te1_text_model_encoder_layers_0_self_attn_q_proj.lora_down.weight'); "
                 "sdtrain runs SD-1.x and SD-2.x models");
   const std::string layer = file + ": layer " + kUNetModule;
+  EXPECT_EQ(error_for({{stem + ".lora_down.weight", down},
+                       {stem + ".lora_up.weight", up.index_fill(0, at::tensor(int64_t{3}), NAN)}}),
+            file + ": tensor '" + stem +
+                ".lora_up.weight' holds 2 NaN or infinite values (of 64): the weights are damaged or come from a "
+                "diverged run");
   EXPECT_EQ(error_for({{stem + ".alpha", at::scalar_tensor(1.0)}}), layer + " has alpha but no weights");
   EXPECT_EQ(error_for({{stem + ".alpha", at::scalar_tensor(1.0)}, {stem + ".dora_scale", at::ones({32, 1})}}),
             layer + " has alpha and dora_scale but no weights");
