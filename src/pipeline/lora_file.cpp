@@ -109,12 +109,15 @@ LoraComponent kohya_component(const std::string& stem) {
   return stem.rfind("lora_unet_", 0) == 0 ? LoraComponent::kUNet : LoraComponent::kTextEncoder;
 }
 
-// lora_unet_<module with _>.lora_down.weight, .hada_w1_a etc. as {stem, part}; nullopt for a key of another shape.
+// lora_unet_<module with _>.lora_down.weight, .hada_w1_a etc. as {stem, part}, a part kohya_suffixes() does not name
+// (LyCORIS' OFT, IA³, GLoRA, norm modules) as it stands after the stem's dot; nullopt for a key of another shape.
 std::optional<std::pair<std::string, std::string>> split_kohya_key(const std::string& key) {
   if (key.rfind("lora_unet_", 0) != 0 && key.rfind("lora_te_", 0) != 0) return std::nullopt;
   for (const auto& [suffix, part] : kohya_suffixes())
     if (ends_with(key, suffix)) return std::pair{key.substr(0, key.size() - suffix.size()), part};
-  return std::nullopt;
+  const size_t dot = key.find('.');  // kohya's stems have none
+  if (dot == std::string::npos || dot + 1 == key.size()) return std::nullopt;
+  return std::pair{key.substr(0, dot), key.substr(dot + 1)};
 }
 
 // A kohya-named key with its module path found among the model's layers (`paths`: kohya stem -> module path, over
@@ -146,9 +149,25 @@ std::optional<ModuleKind> kind_of_part(const std::string& part) {
   return std::nullopt;
 }
 
+// Parts of a module that no kind reads (split_kohya_key's parts of LyCORIS' other modules).
+template <typename PartMap>
+std::vector<std::string> unread_parts(const PartMap& parts) {
+  std::vector<std::string> unread;
+  for (const auto& entry : parts)
+    if (!kind_of_part(entry.first) && entry.first != "alpha" && entry.first != "dora_scale")
+      unread.push_back(entry.first);
+  return unread;
+}
+
 // What a layer's parts make (each with an optional alpha), for any map keyed by part name.
 template <typename PartMap>
 ModuleKind kind_of(const PartMap& parts, const std::string& layer) {
+  const std::vector<std::string> unread = unread_parts(parts);
+  SD_CHECK(unread.empty(),
+           "{}: '{}' is not read: sdtrain reads LoRA and LoCon (lora_down, lora_up, lora_mid), LoHa (hada_*), LoKr "
+           "(lokr_*) and full (diff, diff_b) modules, with alpha and dora_scale, not LyCORIS' OFT, IA3, GLoRA or "
+           "norm-layer modules",
+           layer, fmt::join(unread, "', '"));
   std::set<ModuleKind> kinds;
   std::vector<std::string> others;
   for (const auto& entry : parts) {
@@ -417,6 +436,8 @@ std::pair<std::string, std::optional<int64_t>> module_kind_and_rank(const io::Te
     return shape_of(part)[0];
   };
   if (parts.size() == parts.count("alpha")) return {"alpha only", std::nullopt};
+  if (const auto unread = unread_parts(parts); !unread.empty())
+    return {fmt::format("not read ({})", fmt::join(unread, ", ")), std::nullopt};
   const std::string dora = parts.count("dora_scale") ? "+DoRA" : "";
   switch (kind_of(parts, layer)) {
     case ModuleKind::kLoha: return {"LoHa" + dora, rank_of("hada_w1_b")};

@@ -219,6 +219,15 @@ TEST(LoraE2E, InspectShowsALoraFilesModulesRanksAlphasAndMetadata) {
                                "  ss_network_dim: 2\n"
                                "  ss_tag_frequency: {\"a\": " +
                                std::string(91, 'x') + "...\n");
+
+  // LyCORIS modules generate does not read are shown by their parts (here IA3's, a diagonal scale of the keys).
+  const fs::path ia3 = dir.path() / "ia3.safetensors";
+  io::save_safetensors(ia3, {{dora + ".weight", at::zeros({32})}, {dora + ".on_input", at::zeros({}, at::kBool)}});
+  EXPECT_EQ(inspect(ia3), ia3.string() +
+                              ": LoRA file (kohya names): 1 modules (UNet 1, text encoder 0), 0.000032 M params, "
+                              "float32, 0.00 MB\n"
+                              "  not read (on_input, weight)     1 modules  rank -  alpha none (scale 1)\n"
+                              "  format: pt\n");
 }
 
 // diffusers 0.24 without safetensors writes pytorch_lora_weights.bin (torch.save); a folder stands for it.

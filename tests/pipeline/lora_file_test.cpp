@@ -129,9 +129,14 @@ TEST(LoraFile, BadFilesAreOneLineNamingTheFileAndKey) {
                 "lora_unet_<module>.lora_down.weight, LyCORIS' .hada_w1_a (LoHa) or .lokr_w1 (LoKr), and their "
                 "text-encoder, up and alpha twins)");
   const std::string stem = "lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_q";
-  EXPECT_EQ(error_for({{stem + ".oft_blocks", down}}),
-            file + ": unknown key '" + stem +
-                ".oft_blocks' (expected diffusers' unet.<module>.lora.down.weight or kohya's "
+  EXPECT_EQ(error_for({{stem + ".oft_blocks", down}, {stem + ".alpha", at::scalar_tensor(1.0)}}),
+            file + ": layer " + kUNetModule +
+                ": 'oft_blocks' is not read: sdtrain reads LoRA and LoCon (lora_down, lora_up, lora_mid), LoHa "
+                "(hada_*), LoKr (lokr_*) and full (diff, diff_b) modules, with alpha and dora_scale, not LyCORIS' OFT, "
+                "IA3, GLoRA or norm-layer modules");
+  EXPECT_EQ(error_for({{"lora_unet_oft_blocks", down}}),
+            file +
+                ": unknown key 'lora_unet_oft_blocks' (expected diffusers' unet.<module>.lora.down.weight or kohya's "
                 "lora_unet_<module>.lora_down.weight, LyCORIS' .hada_w1_a (LoHa) or .lokr_w1 (LoKr), and their "
                 "text-encoder, up and alpha twins)");
   EXPECT_EQ(error_for({{"lora_te1_text_model_encoder_layers_0_self_attn_q_proj.lora_down.weight", down}}),
