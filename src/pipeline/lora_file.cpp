@@ -9,6 +9,7 @@
 #include "io/safetensors.h"
 #include "io/tensor_file.h"
 #include "models/lora.h"
+#include "models/name_conversion.h"
 
 namespace sd::pipeline {
 
@@ -316,11 +317,25 @@ at::Tensor weight_decomposed_update(const at::Tensor& update, const at::Tensor& 
   return merged * (dora_scale.reshape(norm.sizes()) / norm) - weight;
 }
 
-// Kohya stem of every adaptable layer of the pipeline's models.
+// The original (LDM) module path of a UNet layer: input_blocks.4.1.proj_in for down_blocks.1.attentions.0.proj_in.
+std::string ldm_unet_module(const models::LdmNames& names, const std::string& path) {
+  const std::string prefix = "model.diffusion_model.", suffix = ".weight";
+  const std::string key = names.to_ldm(models::Component::kUnet, path + suffix).key;
+  SD_CHECK(key.rfind(prefix, 0) == 0 && ends_with(key, suffix), "unexpected LDM key '{}' for {}", key, path);
+  return key.substr(prefix.size(), key.size() - prefix.size() - suffix.size());
+}
+
+// Kohya stem of every adaptable layer of the pipeline's models, named by diffusers' module paths (as kohya's
+// sd-scripts name SD-1.x/2.x layers) and, for the UNet, by the original LDM paths too
+// (lora_unet_input_blocks_4_1_proj_in, as A1111 also reads them). The text encoder's LDM names are transformers'.
 std::map<std::string, std::pair<LoraComponent, std::string>> kohya_paths(StableDiffusion& pipe) {
   std::map<std::string, std::pair<LoraComponent, std::string>> paths;
   for (LoraComponent c : {LoraComponent::kUNet, LoraComponent::kTextEncoder})
     for (const auto& [path, host] : hosts_by_path(pipe, c)) paths[kohya_stem(c, path)] = {c, path};
+  const models::LdmNames ldm(pipe.unet->config(), pipe.vae.is_empty() ? models::VaeConfig() : pipe.vae->config(),
+                             pipe.text_encoder->config());
+  for (const auto& [path, host] : hosts_by_path(pipe, LoraComponent::kUNet))
+    paths["lora_unet_" + underscored(ldm_unet_module(ldm, path))] = {LoraComponent::kUNet, path};
   return paths;
 }
 

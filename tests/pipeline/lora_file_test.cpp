@@ -113,6 +113,41 @@ TEST(LoraFile, ReferenceFileLoadsOntoTinySd1) {
   EXPECT_EQ(models::adapter_tensors(*pipe.unet).size(), 176u);
 }
 
+// Kohya stems may name UNet layers by their original (LDM) paths, as A1111 reads them: each loads onto the layer the
+// single-file layout puts there (written out here from the SD-1 layout, layers_per_block 2 as in tiny-sd1).
+TEST(LoraFile, KohyaStemsOfLdmPathsLoadOntoTheirDiffusersLayers) {
+  const std::vector<std::pair<std::string, std::string>> ldm_to_diffusers = {
+      {"input_blocks.1.1.transformer_blocks.0.attn1.to_q", kUNetModule},
+      {"input_blocks.3.0.op", "down_blocks.0.downsamplers.0.conv"},
+      {"input_blocks.4.0.in_layers.2", "down_blocks.1.resnets.0.conv1"},
+      {"input_blocks.4.0.skip_connection", "down_blocks.1.resnets.0.conv_shortcut"},
+      {"middle_block.1.proj_in", "mid_block.attentions.0.proj_in"},
+      {"output_blocks.2.1.conv", "up_blocks.0.upsamplers.0.conv"},
+      {"output_blocks.5.1.transformer_blocks.0.attn2.to_k", "up_blocks.1.attentions.2.transformer_blocks.0.attn2.to_k"},
+      {"time_embed.2", "time_embedding.linear_2"},
+      {"out.2", "conv_out"},
+  };
+  StableDiffusion pipe = load_tiny();
+  const auto parameters = pipe.unet->named_parameters();
+  io::TensorMap tensors;
+  std::map<std::string, at::Tensor> downs;  // by diffusers path
+  for (const auto& [ldm, diffusers] : ldm_to_diffusers) {
+    std::string stem = "lora_unet_" + ldm;
+    std::replace(stem.begin(), stem.end(), '.', '_');
+    const auto [down_shape, up_shape] = models::lora_adapter_shapes(parameters[diffusers + ".weight"].sizes(), 2);
+    tensors[stem + ".lora_down.weight"] = downs[diffusers] = at::randn(down_shape);
+    tensors[stem + ".lora_up.weight"] = at::randn(up_shape);
+  }
+  sd::test::TempDir dir;
+  io::save_safetensors(dir.path() / "ldm.safetensors", tensors);
+  const LoraFileContents contents = load_lora_file(dir.path() / "ldm.safetensors", pipe);
+  ASSERT_EQ(contents.adapters.size(), ldm_to_diffusers.size());
+  for (const LoraModule& m : contents.adapters) {
+    ASSERT_TRUE(downs.count(m.module)) << m.module;
+    EXPECT_TRUE(at::equal(m.down, downs.at(m.module))) << m.module;
+  }
+}
+
 TEST(LoraFile, BadFilesAreOneLineNamingTheFileAndKey) {
   sd::test::TempDir dir;
   StableDiffusion pipe = load_tiny();
