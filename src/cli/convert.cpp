@@ -2,7 +2,7 @@
 // accepts (pipeline folder, single-file .safetensors/.ckpt, cached Hub name); OUTPUT ending in .safetensors (any
 // case) is written as one file in the original (LDM / A1111) layout, anything else as a diffusers pipeline folder,
 // e.g. with --variant fp16 for diffusion_pytorch_model.fp16.safetensors files. --lora merges LoRA files into the
-// weights on the way (kohya's merge_lora.py; diffusers' fuse_lora then save_pretrained).
+// weights on the way (kohya's merge_lora.py; diffusers' fuse_lora then save_pretrained), --vae replaces the VAE.
 #include <cstdio>
 
 #include "cli/commands.h"
@@ -28,6 +28,7 @@ struct ConvertOptions {
   std::string save_dtype;
   bool overwrite = false;
   LoraRequest loras;
+  std::string vae;
 };
 
 at::ScalarType save_dtype(const ConvertOptions& o) {
@@ -58,9 +59,11 @@ int run_convert(const ConvertOptions& o) {
   else
     io::check_output_dir("OUTPUT", o.output);
   check_lora_files_exist(o.loras);
+  check_vae_exists(o.vae);
   const pipeline::ModelSource source = pipeline::resolve_model(o.input);
   if (!single_file) check_output_is_a_new_folder(source, o);
   pipeline::StableDiffusion pipe = pipeline::load_pipeline(source);
+  if (!o.vae.empty()) pipeline::replace_vae(pipe, o.vae);
   pipeline::apply_lora_files(pipe, o.loras.files, o.loras.scales, /*fuse=*/true);
   if (single_file)
     pipeline::save_single_file(pipe, o.output, save_dtype(o));
@@ -85,6 +88,7 @@ void add_convert(CLI::App& app, std::function<int()>& chosen) {
       ->check(CLI::IsMember({"float32", "float16", "bfloat16"}));
   switch_flag(cmd, "--overwrite", o->overwrite, "Pipeline output: replace a pipeline already in that folder");
   add_lora_flags(cmd, o->loras, "merged into the written weights");
+  add_vae_flag(cmd, o->vae, "written in its place (A1111's baked-in VAE)");
   cmd->callback([o, &chosen] { chosen = [o] { return run_convert(*o); }; });
 }
 

@@ -55,6 +55,7 @@ struct GenerateOptions {
   std::string mixed_precision = "no";
   std::vector<std::string> embeddings;
   LoraRequest loras;
+  std::string vae;
   bool fuse_lora = false;
   std::string init_latents;
   std::string output_dir = "generated";
@@ -218,12 +219,14 @@ int run_generate(GenerateOptions o) {
   std::vector<pipeline::EmbeddingFile> embeddings;
   for (const auto& path : o.embeddings) embeddings.push_back(pipeline::load_embedding_file(path));
   check_lora_files_exist(o.loras);
+  check_vae_exists(o.vae);
 
   // The pipeline and what is loaded into it.
   // The UNet and VAE in the frozen-model dtype of the training policy: bf16, or float32 where bf16 is slow.
   pipeline::ComponentDtypes dtypes;
   dtypes.unet = dtypes.vae = train::PrecisionPolicy::from_flag(o.mixed_precision).frozen;
   pipeline::StableDiffusion pipe = pipeline::load_pipeline(source, dtypes);
+  if (!o.vae.empty()) pipeline::replace_vae(pipe, o.vae);
   for (size_t i = 0; i < embeddings.size(); ++i)
     pipeline::load_textual_inversion(pipe.tokenizer, pipe.text_encoder, embeddings[i], o.embeddings[i]);
   pipeline::apply_lora_files(pipe, o.loras.files, o.loras.scales, o.fuse_lora);
@@ -307,6 +310,7 @@ void add_generate(CLI::App& app, std::function<int()>& chosen) {
   repeated_flag(cmd, "--embeddings", o->embeddings,
                 "A textual-inversion embedding file (diffusers learned_embeds or A1111 format; repeatable)");
   add_lora_flags(cmd, o->loras, "applied while generating");
+  add_vae_flag(cmd, o->vae, "to encode and decode the images");
   switch_flag(cmd, "--fuse_lora", o->fuse_lora,
               "Merge the LoRAs into the weights before generating (diffusers' fuse_lora)");
   flag(cmd, "--init_latents", o->init_latents,

@@ -29,16 +29,36 @@ CLI::Option* add_model_flags(CLI::App* cmd, const std::string& name, pipeline::M
 void add_lora_flags(CLI::App* cmd, LoraRequest& request, const std::string& use) {
   repeated_flag(cmd, "--lora", request.files,
                 "A LoRA file (diffusers pytorch_lora_weights.safetensors or .bin, kohya/A1111 format, or LyCORIS "
-                "LoCon/LoHa/LoKr) or a folder holding pytorch_lora_weights.*, " +
+                "LoCon/LoHa/LoKr/full, with or without DoRA) or a folder holding pytorch_lora_weights.*, " +
                     use + "; repeatable");
   repeated_flag(
       cmd, "--lora_scale", request.scales,
       "Strength of the --lora given in the same position (default 1; diffusers' cross_attention_kwargs scale)");
 }
 
+namespace {
+
+void check_exists(const std::string& flag_name, const std::string& path) {
+  SD_CHECK(std::filesystem::exists(path), "{} {}: no such file or folder", flag_name, path);
+}
+
+}  // namespace
+
 void check_lora_files_exist(const LoraRequest& request) {
-  for (const auto& path : request.files)
-    SD_CHECK(std::filesystem::exists(path), "--lora {}: no such file or folder", path);
+  for (const auto& path : request.files) check_exists("--lora", path);
+}
+
+void add_vae_flag(CLI::App* cmd, std::string& vae, const std::string& use) {
+  flag(cmd, "--vae", vae,
+       "A VAE to use instead of the model's: a diffusers VAE folder (config.json, diffusion_pytorch_model.*), a "
+       "pipeline folder (its vae/), a VAE file in the original layout (e.g. vae-ft-mse-840000-ema-pruned"
+       ".safetensors or .ckpt) or a single-file checkpoint (its VAE), " +
+           use)
+      ->group("Model");
+}
+
+void check_vae_exists(const std::string& vae) {
+  if (!vae.empty()) check_exists("--vae", vae);
 }
 
 }  // namespace sd::cli

@@ -1,6 +1,7 @@
 // The flags that name a model, alike in every subcommand: the model itself (a diffusers pipeline folder, a
 // single-file checkpoint or a Hub name in the local Hugging Face cache) and its companions --revision, --variant and
-// --config_from, read into a pipeline::ModelRequest for pipeline::resolve_model; and the LoRA files applied to it.
+// --config_from, read into a pipeline::ModelRequest for pipeline::resolve_model; the LoRA files applied to it; and a
+// VAE to use in place of its own.
 #pragma once
 #include <CLI/CLI.hpp>
 #include <string>
@@ -27,5 +28,11 @@ void add_lora_flags(CLI::App* cmd, LoraRequest& request, const std::string& use)
 
 // Throws sd::Error "--lora X: no such file or folder" for the first file that does not exist: before any model loads.
 void check_lora_files_exist(const LoraRequest& request);
+
+// --vae PATH: a VAE to use instead of the model's (pipeline::replace_vae); `use` ends its help.
+void add_vae_flag(CLI::App* cmd, std::string& vae, const std::string& use);
+
+// Throws sd::Error "--vae X: no such file or folder" unless `vae` is empty or exists: before any model loads.
+void check_vae_exists(const std::string& vae);
 
 }  // namespace sd::cli

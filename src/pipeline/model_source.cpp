@@ -80,6 +80,27 @@ StableDiffusion load_pipeline(const ModelSource& source, const ComponentDtypes& 
   return load_pipeline(source.path, dtypes, tokenizer_dir, source.variant);
 }
 
+void replace_vae(StableDiffusion& pipe, const fs::path& vae) {
+  SD_CHECK(pipe.unet && pipe.vae && pipe.text_encoder, "--vae {}: the pipeline was loaded without its models",
+           vae.string());
+  const models::VaeConfig model_config = pipe.vae->config();
+  const at::ScalarType dtype = pipe.vae->parameters().front().scalar_type();
+  if (!fs::is_directory(vae)) {
+    SD_CHECK(fs::is_regular_file(vae), "{}: no such VAE file or folder", vae.string());
+    const models::LdmNames names(pipe.unet->config(), model_config, pipe.text_encoder->config());
+    pipe.vae = models::load_vae(model_config, *single_file_vae(vae, names), dtype);
+    return;
+  }
+  const fs::path dir = fs::exists(vae / "model_index.json") ? vae / "vae" : vae;
+  SD_CHECK(fs::is_regular_file(dir / "config.json"),
+           "{}: not a VAE folder (no config.json) nor a pipeline folder (no model_index.json)", vae.string());
+  const models::VaeConfig given = models::VaeConfig::load((dir / "config.json").string());
+  SD_CHECK(given.latent_channels == model_config.latent_channels && given.scale_factor() == model_config.scale_factor(),
+           "{}: a VAE of {} latent channels at 1/{} of the image size; the model's has {} at 1/{}", vae.string(),
+           given.latent_channels, given.scale_factor(), model_config.latent_channels, model_config.scale_factor());
+  pipe.vae = models::load_vae(dir, dtype);
+}
+
 void copy_components(const ModelSource& source, const fs::path& to, const std::vector<std::string>& parts) {
   if (!is_single_file(source)) {
     for (const auto& part : parts)

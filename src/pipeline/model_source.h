@@ -42,6 +42,13 @@ PipelineConfigs read_configs(const ModelSource& source);
 StableDiffusion load_pipeline(const ModelSource& source, const ComponentDtypes& dtypes = {},
                               const std::filesystem::path& tokenizer_dir = {});
 
+// Replaces the pipeline's VAE, in the dtype it was loaded in, with one given apart (generate's and convert's --vae;
+// diffusers' from_pretrained(..., vae=AutoencoderKL.from_pretrained(...))): a diffusers VAE folder (config.json and
+// diffusion_pytorch_model.*, e.g. stabilityai/sd-vae-ft-mse), a pipeline folder (its vae/), or one file
+// (single_file_vae of single_file.h), which keeps the model's VAE config. Throws one sd::Error line naming the path
+// for anything else, weights that do not fit, or a VAE whose latents the UNet cannot take.
+void replace_vae(StableDiffusion& pipe, const std::filesystem::path& vae);
+
 // For a pipeline written part by part (a trained component next to unchanged ones): writes the source's component
 // folders `parts` ("unet", "vae", "text_encoder", "tokenizer", "scheduler") into the pipeline folder `to`, each
 // atomically and in full precision: a pipeline folder's files copied as they are, a single file's components

@@ -84,6 +84,35 @@ class ComponentView : public io::TensorFile {
   std::vector<std::string> names_;
 };
 
+// A file's tensors under `prefix` + their names: a VAE saved alone in the original layout, read as the
+// first_stage_model.* part of a checkpoint.
+class PrefixedFile : public io::TensorFile {
+ public:
+  PrefixedFile(std::shared_ptr<const io::TensorFile> file, std::string prefix)
+      : file_(std::move(file)), prefix_(std::move(prefix)) {
+    for (const auto& name : file_->names()) names_.push_back(prefix_ + name);
+  }
+
+  std::string label() const override { return file_->label(); }
+  const std::vector<std::string>& names() const override { return names_; }
+  bool contains(const std::string& name) const override {
+    return starts_with(name, prefix_) && file_->contains(unprefixed(name));
+  }
+  io::TensorInfo info(const std::string& name) const override { return file_->info(unprefixed(name)); }
+  at::Tensor read(const std::string& name) const override { return file_->read(unprefixed(name)); }
+  const std::map<std::string, std::string>& metadata() const override { return file_->metadata(); }
+
+ private:
+  std::string unprefixed(const std::string& name) const {
+    SD_CHECK(starts_with(name, prefix_), "{}: no tensor named '{}'", file_->label(), name);
+    return name.substr(prefix_.size());
+  }
+
+  std::shared_ptr<const io::TensorFile> file_;
+  std::string prefix_;
+  std::vector<std::string> names_;
+};
+
 // The preset whose UNet has as many parameters as the file's and whose text encoder has the file's layout. SD-2
 // base and 768-v share every shape: as diffusers does, a checkpoint saved at global step 875000 is taken for the
 // base model and any other for 768-v.
@@ -191,6 +220,20 @@ StableDiffusion SingleFileCheckpoint::load(const ComponentDtypes& dtypes, const 
 StableDiffusion load_single_file(const fs::path& file, const fs::path& config_from, const ComponentDtypes& dtypes,
                                  const fs::path& tokenizer_dir) {
   return SingleFileCheckpoint(file, config_from).load(dtypes, tokenizer_dir);
+}
+
+std::unique_ptr<io::TensorFile> single_file_vae(const fs::path& file, const models::LdmNames& names) {
+  std::unique_ptr<io::TensorFile> opened = io::open_tensor_file(file);
+  if (has_key_starting(*opened, "encoder.down_blocks.")) return opened;  // diffusers' names already
+  std::shared_ptr<const io::TensorFile> shared = std::move(opened);
+  if (has_key_starting(*shared, "first_stage_model."))
+    return std::make_unique<ComponentView>(shared, names, Component::kVae);
+  SD_CHECK(has_key_starting(*shared, "encoder.down.") && has_key_starting(*shared, "decoder.up."),
+           "{}: not a VAE (expected a checkpoint's first_stage_model.* tensors, or a VAE's encoder.* and decoder.* "
+           "tensors in the original or the diffusers layout)",
+           file.string());
+  return std::make_unique<ComponentView>(std::make_shared<PrefixedFile>(shared, "first_stage_model."), names,
+                                         Component::kVae);
 }
 
 void save_single_file(StableDiffusion& pipe, const fs::path& file, at::ScalarType dtype) {

@@ -38,6 +38,12 @@ class SingleFileCheckpoint {
 StableDiffusion load_single_file(const std::filesystem::path& file, const std::filesystem::path& config_from,
                                  const ComponentDtypes& dtypes = {}, const std::filesystem::path& tokenizer_dir = {});
 
+// The VAE weights in one file under their diffusers names: a checkpoint's first_stage_model.* part, or a VAE saved
+// alone in the original layout (encoder.down.*, decoder.up.*, quant_conv.*, as vae-ft-mse-840000-ema-pruned
+// .safetensors / .ckpt hold it) or in diffusers' (encoder.down_blocks.*). Throws one sd::Error line naming the file
+// when it is none of these.
+std::unique_ptr<io::TensorFile> single_file_vae(const std::filesystem::path& file, const models::LdmNames& names);
+
 // Writes the UNet, VAE and text encoder as one safetensors file in the LDM layout (what diffusers'
 // convert_diffusers_to_original_stable_diffusion.py writes, with the VAE attention as original checkpoints hold it),
 // floating-point tensors as `dtype`.

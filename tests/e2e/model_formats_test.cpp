@@ -1,12 +1,14 @@
 // The model files people have, through the binary: a torch.save .bin pipeline, a single-file checkpoint and a
 // cached Hub name generate exactly tiny-sd1's images; `sdtrain convert` goes to the single file and back and writes
 // an fp16 variant that loads; training from a single file or a cached Hub name (--revision, --variant) writes whole
-// pipelines; inspect reads every format; a pickle that would run code is refused with one line before anything is
-// written.
+// pipelines; inspect reads every format; a VAE given apart (--vae) in any of its forms; a pickle that would run code
+// is refused with one line before anything is written.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 
 #include "io/hub_cache_util.h"
 #include "io/safetensors.h"
@@ -108,6 +110,69 @@ TEST_F(ModelFormats, ConvertToTheSingleFileAndBack) {
   r = sdtrain("convert " + quote(detected) + " " + quote(again));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   expect_same_tensors(again, fixtures() / "formats" / "tiny-sd1-ldm.safetensors");
+}
+
+// --vae: a VAE given apart, in each form people hold one - alone in the original layout (as
+// vae-ft-mse-840000-ema-pruned.safetensors is shipped), a diffusers VAE folder (stabilityai/sd-vae-ft-mse) or its
+// weights file, a pipeline folder, a whole checkpoint - generates exactly what a pipeline holding that VAE does, and
+// convert --vae writes it in.
+TEST_F(ModelFormats, AVaeGivenApartGeneratesWhatAPipelineHoldingItDoes) {
+  // The other VAE: tiny-sd1's with its decoder's last bias moved, so that its images differ.
+  const std::string moved = "decoder.conv_out.bias";
+  const fs::path pipeline = dir_.path() / "with-other-vae";
+  fs::copy(fixtures() / "tiny-sd1", pipeline, fs::copy_options::recursive);
+  const fs::path vae_weights = pipeline / "vae" / "diffusion_pytorch_model.safetensors";
+  io::TensorMap vae = io::load_safetensors(vae_weights);
+  vae[moved] = vae.at(moved) + 0.25;
+  io::save_safetensors(vae_weights, vae);
+  const at::Tensor expected = generated("--model " + quote(pipeline), dir_.path());
+  ASSERT_TRUE(expected.defined() && !at::allclose(expected, reference()));
+
+  // The same VAE in the original layout: the fixture checkpoint with that bias moved, and its VAE part alone.
+  io::TensorMap checkpoint = io::load_safetensors(fixtures() / "formats" / "tiny-sd1-ldm.safetensors"), alone;
+  checkpoint["first_stage_model." + moved] = checkpoint.at("first_stage_model." + moved) + 0.25;
+  const std::string prefix = "first_stage_model.";
+  for (const auto& [key, tensor] : checkpoint)
+    if (key.rfind(prefix, 0) == 0) alone[key.substr(prefix.size())] = tensor;
+  const fs::path checkpoint_file = dir_.path() / "other.safetensors", alone_file = dir_.path() / "vae-ft.safetensors";
+  io::save_safetensors(checkpoint_file, checkpoint);
+  io::save_safetensors(alone_file, alone);
+
+  for (const fs::path& given : {alone_file, pipeline / "vae", vae_weights, pipeline, checkpoint_file}) {
+    SCOPED_TRACE(given.string());
+    const at::Tensor images =
+        generated("--model " + quote(fixtures() / "tiny-sd1") + " --vae " + quote(given), dir_.path());
+    EXPECT_TRUE(images.defined() && at::equal(images, expected));
+  }
+
+  const fs::path converted = dir_.path() / "converted";
+  auto r =
+      sdtrain("convert " + quote(fixtures() / "tiny-sd1") + " " + quote(converted) + " --vae " + quote(alone_file));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_same_tensors(converted / "vae" / "diffusion_pytorch_model.safetensors", vae_weights);
+
+  // What is not a VAE, or not one this model can use, stops before any image or file is written.
+  const fs::path wide_vae = dir_.path() / "wide-vae";
+  fs::copy(pipeline / "vae", wide_vae, fs::copy_options::recursive);
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(wide_vae / "config.json"));
+  config["latent_channels"] = 8;
+  std::ofstream(wide_vae / "config.json") << config.dump();
+  const std::string lora = sd::test::golden("tiny-sd1/lora_diffusers.safetensors").string();
+  for (const auto& [given, error] : std::vector<std::pair<std::string, std::string>>{
+           {(dir_.path() / "none").string(), "--vae " + (dir_.path() / "none").string() + ": no such file or folder"},
+           {lora, lora + ": not a VAE (expected a checkpoint's first_stage_model.* tensors, or a VAE's encoder.* and "
+                         "decoder.* tensors in the original or the diffusers layout)"},
+           {wide_vae.string(),
+            wide_vae.string() + ": a VAE of 8 latent channels at 1/4 of the image size; the model's has 4 at 1/4"},
+           {dir_.path().string(), dir_.path().string() +
+                                      ": not a VAE folder (no config.json) nor a pipeline folder (no "
+                                      "model_index.json)"}}) {
+    SCOPED_TRACE(given);
+    r = sdtrain("generate --model " + quote(fixtures() / "tiny-sd1") + " --prompt x --num_inference_steps 1 --vae " +
+                quote(given) + " --output_dir " + quote(dir_.path() / "never"));
+    EXPECT_TRUE(sd::test::is_one_line_error(r, error)) << r.output;
+    EXPECT_FALSE(fs::exists(dir_.path() / "never"));
+  }
 }
 
 TEST_F(ModelFormats, Fp16VariantIsWrittenAndLoads) {
