@@ -49,6 +49,10 @@ void LdmNames::add(Component component, std::string ldm, std::string diffusers, 
   modules_.push_back({component, std::move(ldm), std::move(diffusers), leaves});
 }
 
+void LdmNames::add_older_spelling(Component component, std::string ldm, std::string diffusers) {
+  modules_.push_back({component, std::move(ldm), std::move(diffusers), nullptr, /*read_only=*/true});
+}
+
 // The LDM UNet numbers its blocks in one sequence: input_blocks (conv_in, then each level's resnet+attention pairs
 // and its downsampler), middle_block, output_blocks (each level's layers, the last one holding the upsampler).
 void LdmNames::add_unet(const UNetConfig& config) {
@@ -145,6 +149,11 @@ void LdmNames::add_vae(const VaeConfig& config) {
 void LdmNames::add_text_encoder(const ClipTextConfig& config) {
   if (text_layout_ == TextEncoderLayout::kOpenAiClip) {
     add(Component::kTextEncoder, kOpenAiClipPrefix, "");
+    // Older SD-1 checkpoints (and merges made from them) hold CLIP's layers without transformers' text_model.
+    // level; A1111 renames them the same way when it loads one (checkpoint_dict_replacements).
+    for (const char* part : {"embeddings.", "encoder.", "final_layer_norm."})
+      add_older_spelling(Component::kTextEncoder, std::string(kOpenAiClipPrefix) + part,
+                         std::string("text_model.") + part);
     return;
   }
   static const std::vector<Leaf> block = {
@@ -173,7 +182,7 @@ void LdmNames::add_text_encoder(const ClipTextConfig& config) {
 LdmLocation LdmNames::to_ldm(Component component, const std::string& name) const {
   const Module* best = nullptr;
   for (const Module& m : modules_)
-    if (m.component == component && matches(m.diffusers, name) &&
+    if (m.component == component && !m.read_only && matches(m.diffusers, name) &&
         (!best || m.diffusers.size() > best->diffusers.size()))
       best = &m;
   SD_CHECK(best, "{} tensor '{}' has no place in the single-file (LDM) layout", component_folder(component), name);

@@ -56,14 +56,17 @@ class LdmNames {
     int chunk = 0, chunks = 1;
     bool conv1x1_weight = false;
   };
-  // A module path in both layouts (the same prefix rule), with the renames of the kind of module it is.
+  // A module path in both layouts (the same prefix rule), with the renames of the kind of module it is. A read-only
+  // module is an older spelling of an LDM path: read, never written.
   struct Module {
     Component component;
     std::string ldm, diffusers;
     const std::vector<Leaf>* leaves;
+    bool read_only = false;
   };
 
   void add(Component component, std::string ldm, std::string diffusers, const std::vector<Leaf>* leaves = nullptr);
+  void add_older_spelling(Component component, std::string ldm, std::string diffusers);
   void add_unet(const UNetConfig& config);
   void add_vae(const VaeConfig& config);
   void add_text_encoder(const ClipTextConfig& config);

@@ -37,8 +37,12 @@ class ComponentView : public io::TensorFile {
   ComponentView(std::shared_ptr<const io::TensorFile> checkpoint, const models::LdmNames& names, Component component)
       : checkpoint_(std::move(checkpoint)), component_(component) {
     for (const auto& key : checkpoint_->names())
-      for (const auto& [part, name] : names.to_diffusers(key))
-        if (part == component && locations_.emplace(name, names.to_ldm(part, name)).second) names_.push_back(name);
+      for (const auto& [part, name] : names.to_diffusers(key)) {
+        if (part != component) continue;
+        models::LdmLocation where = names.to_ldm(part, name);
+        where.key = key;  // the key as this file spells it (to_ldm gives the current spelling of older ones)
+        if (locations_.emplace(name, where).second) names_.push_back(name);
+      }
   }
 
   std::string label() const override {

@@ -76,6 +76,19 @@ TEST_F(ModelFormats, SingleFileGeneratesTheSameImages) {
                 reference()));
 }
 
+// Older SD-1 checkpoints hold CLIP's layers as cond_stage_model.transformer.encoder.* (no text_model. level), as A1111
+// also reads them.
+TEST_F(ModelFormats, SingleFileWithTheOlderTextEncoderKeysGeneratesTheSameImages) {
+  const std::string current = "cond_stage_model.transformer.text_model.", older = "cond_stage_model.transformer.";
+  io::TensorMap renamed;
+  for (const auto& [key, tensor] : io::load_safetensors(fixtures() / "formats" / "tiny-sd1-ldm.safetensors"))
+    renamed[key.rfind(current, 0) == 0 ? older + key.substr(current.size()) : key] = tensor;
+  ASSERT_TRUE(renamed.count(older + "encoder.layers.0.self_attn.q_proj.weight"));
+  const fs::path file = dir_.path() / "older.safetensors";
+  io::save_safetensors(file, renamed);
+  EXPECT_TRUE(at::equal(generated("--model " + quote(file), dir_.path()), reference()));
+}
+
 TEST_F(ModelFormats, CachedHubNameGeneratesTheSameImages) {
   sd::test::add_to_hub_cache(dir_.path() / "hub", "sdtrain-test/tiny-sd1", fixtures() / "tiny-sd1",
                              "0123456789abcdef0123456789abcdef01234567", "main");
