@@ -247,6 +247,22 @@ void check_factors(const Parts& p, ModuleKind kind, const std::string& layer) {
   }
 }
 
+// The part whose rows count a module's rank, which its alpha is divided by: nullopt for modules without one (a LoKr
+// of whole factors, a full update).
+template <typename PartMap>
+std::optional<std::string> rank_part(const PartMap& p, ModuleKind kind) {
+  switch (kind) {
+    case ModuleKind::kLora: return "down";
+    case ModuleKind::kLoha: return "hada_w1_b";
+    case ModuleKind::kLokr:
+      if (p.count("lokr_w2_b")) return "lokr_w2_b";
+      if (p.count("lokr_w1_b")) return "lokr_w1_b";
+      return std::nullopt;
+    case ModuleKind::kFull: return std::nullopt;
+  }
+  return std::nullopt;
+}
+
 // A module's whole weight update (A1111's network_lora / network_hada / network_lokr / network_full), times
 // alpha / dim, where dim is the rank of its low-rank products (down's for LoRA, w1_b's for LoHa; w2_b's, else w1_b's,
 // for LoKr). Without an alpha or a rank (a LoKr of whole factors, a full update) the update is taken as it is.
@@ -257,15 +273,11 @@ void check_factors(const Parts& p, ModuleKind kind, const std::string& layer) {
 //   full:                            ΔW = diff (its bias update, diff_b, is the caller's)
 at::Tensor module_update(const Parts& p, ModuleKind kind, at::IntArrayRef weight, std::optional<double> alpha,
                          const std::string& layer) {
-  const char* rank_part = kind == ModuleKind::kLora   ? "down"
-                          : kind == ModuleKind::kLoha ? "hada_w1_b"
-                          : kind == ModuleKind::kFull ? ""
-                          : p.count("lokr_w2_b")      ? "lokr_w2_b"
-                                                      : "lokr_w1_b";
   at::Tensor update;
   double multiplier = 1;
   try {
-    if (alpha && p.count(rank_part)) multiplier = *alpha / static_cast<double>(p.at(rank_part).size(0));
+    const std::optional<std::string> rank = rank_part(p, kind);
+    if (alpha && rank) multiplier = *alpha / static_cast<double>(p.at(*rank).size(0));
     switch (kind) {
       case ModuleKind::kLora: {
         const at::Tensor &up = p.at("up"), &down = p.at("down");
@@ -441,7 +453,8 @@ LoraFileContents load_lora_file(const fs::path& given, StableDiffusion& pipe) {
 namespace {
 
 // The kind and rank of one module of a file, from its parts' shapes (part -> key), marked +DoRA when it has a
-// dora_scale; "alpha only" for a module without weights, which load_lora_file refuses but a summary shows.
+// dora_scale; "no weights" for a module of an alpha or dora_scale alone, which load_lora_file refuses but a summary
+// shows.
 std::pair<std::string, std::optional<int64_t>> module_kind_and_rank(const io::TensorFile& file,
                                                                     const std::map<std::string, std::string>& parts,
                                                                     const std::string& layer) {
@@ -450,22 +463,20 @@ std::pair<std::string, std::optional<int64_t>> module_kind_and_rank(const io::Te
     if (!parts.count(part) || shape_of(part).empty()) return std::nullopt;
     return shape_of(part)[0];
   };
-  if (parts.size() == parts.count("alpha")) return {"alpha only", std::nullopt};
   if (const auto unread = unread_parts(parts); !unread.empty())
     return {fmt::format("not read ({})", fmt::join(unread, ", ")), std::nullopt};
+  if (std::none_of(parts.begin(), parts.end(), [](const auto& part) { return kind_of_part(part.first); }))
+    return {"no weights", std::nullopt};
+  const ModuleKind kind = kind_of(parts, layer);
+  const std::optional<std::string> rank = rank_part(parts, kind);
   const std::string dora = parts.count("dora_scale") ? "+DoRA" : "";
-  switch (kind_of(parts, layer)) {
-    case ModuleKind::kLoha: return {"LoHa" + dora, rank_of("hada_w1_b")};
-    case ModuleKind::kLokr:
-      return {"LoKr" + dora, parts.count("lokr_w2_b") ? rank_of("lokr_w2_b") : rank_of("lokr_w1_b")};
-    case ModuleKind::kFull: return {"Full" + dora, std::nullopt};
-    case ModuleKind::kLora: break;
-  }
+  if (kind != ModuleKind::kLora)
+    return {(kind == ModuleKind::kFull ? "Full" : kind_label(kind)) + dora, rank ? rank_of(*rank) : std::nullopt};
   auto kxk = [&](const std::string& part) {
     const std::vector<int64_t> shape = parts.count(part) ? shape_of(part) : std::vector<int64_t>{};
     return shape.size() == 4 && shape[2] * shape[3] > 1;
   };
-  return {(kxk("down") || kxk("mid") ? "LoCon" : "LoRA") + dora, rank_of("down")};
+  return {(kxk("down") || kxk("mid") ? "LoCon" : "LoRA") + dora, rank_of(*rank)};
 }
 
 }  // namespace
