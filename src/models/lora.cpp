@@ -39,7 +39,11 @@ void register_layer_parameters(torch::nn::Module& layer, at::IntArrayRef weight_
 void add_in_float32(at::Tensor& target, const at::Tensor& delta, double multiplier) {
   at::NoGradGuard no_grad;
   const at::ScalarType dtype = at::promote_types(target.scalar_type(), at::kFloat);
-  target.copy_(target.to(dtype).add_(delta.to(dtype).reshape(target.sizes()), multiplier));
+  const at::Tensor addend = delta.to(dtype).reshape(target.sizes());
+  if (dtype == target.scalar_type())
+    target.add_(addend, multiplier);  // no copy of a float32 weight
+  else
+    target.copy_(target.to(dtype).add_(addend, multiplier));
 }
 
 }  // namespace
@@ -104,11 +108,7 @@ void LoraHost::add_to_bias(const at::Tensor& delta, double multiplier, const std
   add_in_float32(bias, delta, multiplier);
 }
 
-at::Tensor LoraHost::weight_copy() {
-  const at::Tensor& weight = base_weight();
-  return weight.detach().to(at::promote_types(weight.scalar_type(), at::kFloat), /*non_blocking=*/false,
-                            /*copy=*/true);
-}
+at::Tensor LoraHost::current_weight() { return base_weight().detach(); }
 
 at::Tensor LoraHost::add_adapter_outputs(const at::Tensor& x, const at::Tensor& base_output) const {
   at::Tensor out = base_output;

@@ -47,9 +47,8 @@ class LoraHost {
   // bias += multiplier · delta (LyCORIS' full update of a layer, .diff_b), as add_to_weight. Throws sd::Error naming
   // `what` for a layer without a bias or a delta of another size.
   void add_to_bias(const at::Tensor& delta, double multiplier, const std::string& what);
-  // A copy of the weight as it stands (with the updates added so far), in at least float32: what a DoRA update
-  // rescales.
-  at::Tensor weight_copy();
+  // The weight as it stands, with the updates added so far (a detached view, to read): what a DoRA update rescales.
+  at::Tensor current_weight();
 
   // [out, in] or [out, in, kh, kw]: what the adapters must fit.
   virtual at::IntArrayRef base_weight_shape() const = 0;
