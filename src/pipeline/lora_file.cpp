@@ -342,13 +342,14 @@ std::string ldm_unet_module(const models::LdmNames& names, const std::string& pa
 // sd-scripts name SD-1.x/2.x layers) and, for the UNet, by the original LDM paths too
 // (lora_unet_input_blocks_4_1_proj_in, as A1111 also reads them). The text encoder's LDM names are transformers'.
 std::map<std::string, std::pair<LoraComponent, std::string>> kohya_paths(StableDiffusion& pipe) {
-  std::map<std::string, std::pair<LoraComponent, std::string>> paths;
-  for (LoraComponent c : {LoraComponent::kUNet, LoraComponent::kTextEncoder})
-    for (const auto& [path, host] : hosts_by_path(pipe, c)) paths[kohya_stem(c, path)] = {c, path};
   const models::LdmNames ldm(pipe.unet->config(), pipe.vae.is_empty() ? models::VaeConfig() : pipe.vae->config(),
                              pipe.text_encoder->config());
-  for (const auto& [path, host] : hosts_by_path(pipe, LoraComponent::kUNet))
-    paths["lora_unet_" + underscored(ldm_unet_module(ldm, path))] = {LoraComponent::kUNet, path};
+  std::map<std::string, std::pair<LoraComponent, std::string>> paths;
+  for (LoraComponent c : {LoraComponent::kUNet, LoraComponent::kTextEncoder})
+    for (const auto& [path, host] : hosts_by_path(pipe, c)) {
+      paths[kohya_stem(c, path)] = {c, path};
+      if (c == LoraComponent::kUNet) paths[kohya_stem(c, ldm_unet_module(ldm, path))] = {c, path};
+    }
   return paths;
 }
 
