@@ -22,15 +22,14 @@ void add_image_caption_flags(CLI::App* cmd, data::TrainingDataOptions& o, const 
   cmd->add_option_function<std::string>(
          flag_names("--image_interpolation_mode"),
          [&o](const std::string& name) { o.transform.interpolation = *io::resize_filter_named(name); },
-         "How images are resized, as PIL does: bilinear (diffusers 0.24's scripts), bicubic, or lanczos (the default "
-         "of later scripts)")
+         "How images are resized, as PIL does: bilinear (diffusers 0.24's scripts), bicubic, lanczos (the default "
+         "of later scripts), box, hamming, or nearest (also named nearest_exact, which is nearest on PIL images)")
       ->check(CLI::Validator(
           [](std::string& name) -> std::string {
             if (io::resize_filter_named(name)) return {};
-            return "'" + name +
-                   "' is not one of bilinear, bicubic, lanczos (nearest, box and hamming are not implemented)";
+            return "'" + name + "' is not one of bilinear, bicubic, lanczos, box, hamming, nearest, nearest_exact";
           },
-          "bilinear|bicubic|lanczos"))
+          "bilinear|bicubic|lanczos|box|hamming|nearest|nearest_exact"))
       ->default_str("bilinear")
       ->group(group);
   flag(cmd, "--dataloader_num_workers", o.dataloader_num_workers,

@@ -144,9 +144,24 @@ double sinc(double x) {
 // The sinc windowed by a 3-lobe sinc.
 double lanczos_kernel(double x) { return -3.0 <= x && x < 3.0 ? sinc(x) * sinc(x / 3) : 0.0; }
 
+// The unit box, closed on the right as PIL's: at a downscale it averages the inputs an output covers.
+double box_kernel(double x) { return x > -0.5 && x <= 0.5 ? 1.0 : 0.0; }
+
+// The sinc windowed by a Hamming window over one lobe. PIL writes the window's constants as float literals, so
+// they are float's nearest values of 0.54 and 0.46, not double's.
+double hamming_kernel(double x) {
+  x = std::fabs(x);
+  if (x == 0.0) return 1.0;
+  if (x >= 1.0) return 0.0;
+  x *= M_PI;
+  return std::sin(x) / x * (0.54f + 0.46f * std::cos(x));
+}
+
 constexpr Filter kBicubic{bicubic_kernel, 2.0};
 constexpr Filter kBilinear{bilinear_kernel, 1.0};
 constexpr Filter kLanczos{lanczos_kernel, 3.0};
+constexpr Filter kBox{box_kernel, 0.5};
+constexpr Filter kHamming{hamming_kernel, 1.0};
 
 // For every output position: the first input index, the number of inputs it reads and their fixed-point weights
 // (`taps` per output, the unused tail zero), laid out flat so the passes below read them in order.
@@ -241,8 +256,43 @@ RgbImage resize_with(const RgbImage& image, int width, int height, const Filter&
   return out;
 }
 
+// PIL's nearest resize (ImagingScaleAffine): output column x reads input column floor(position), the position
+// starting at half a step and advanced by adding the step (in / out) once per column, as PIL does; the sum's
+// rounding differs from (x + 0.5) * step at some sizes (2 -> 7 reads column 0, not 1, for output 3). Rows likewise.
+std::vector<int> nearest_sources(int in_size, int out_size) {
+  const double step = static_cast<double>(in_size) / out_size;
+  std::vector<int> sources(out_size);
+  double position = step * 0.5;
+  for (int& source : sources) {
+    source = static_cast<int>(position);
+    position += step;
+  }
+  return sources;
+}
+
+RgbImage resize_nearest(const RgbImage& image, int width, int height) {
+  SD_CHECK(width > 0 && height > 0, "cannot resize an image to {}x{}", width, height);
+  const std::vector<int> columns = nearest_sources(image.width, width);
+  const std::vector<int> rows = nearest_sources(image.height, height);
+  RgbImage out{width, height, std::vector<uint8_t>(static_cast<size_t>(width) * height * 3)};
+  for (int y = 0; y < height; ++y) {
+    // A sum that reaches the input's size (rounding over tens of millions of steps) reads nothing: PIL leaves
+    // such pixels black.
+    if (rows[y] >= image.height) continue;
+    const uint8_t* in_row = image.row(rows[y]);
+    uint8_t* out_row = out.row(y);
+    for (int x = 0; x < width; ++x)
+      if (columns[x] < image.width) std::copy_n(in_row + columns[x] * 3, 3, out_row + x * 3);
+  }
+  return out;
+}
+
+// torchvision's InterpolationMode names; on a PIL image its NEAREST_EXACT is PIL's NEAREST too.
 constexpr std::pair<const char*, ResizeFilter> kResizeFilterNames[] = {
-    {"bilinear", ResizeFilter::kBilinear}, {"bicubic", ResizeFilter::kBicubic}, {"lanczos", ResizeFilter::kLanczos}};
+    {"bilinear", ResizeFilter::kBilinear},    {"bicubic", ResizeFilter::kBicubic},
+    {"lanczos", ResizeFilter::kLanczos},      {"box", ResizeFilter::kBox},
+    {"hamming", ResizeFilter::kHamming},      {"nearest", ResizeFilter::kNearest},
+    {"nearest_exact", ResizeFilter::kNearest}};
 
 }  // namespace
 
@@ -263,6 +313,9 @@ RgbImage resize(const RgbImage& image, int width, int height, ResizeFilter filte
     case ResizeFilter::kBilinear: return resize_with(image, width, height, kBilinear);
     case ResizeFilter::kBicubic: return resize_with(image, width, height, kBicubic);
     case ResizeFilter::kLanczos: return resize_with(image, width, height, kLanczos);
+    case ResizeFilter::kBox: return resize_with(image, width, height, kBox);
+    case ResizeFilter::kHamming: return resize_with(image, width, height, kHamming);
+    case ResizeFilter::kNearest: return resize_nearest(image, width, height);
   }
   fail("unknown resize filter");
 }

@@ -43,19 +43,25 @@ RgbImage load_image_rgb(const std::filesystem::path& path);
 RgbImage center_crop_square(const RgbImage& image);
 
 // PIL's Image.resize filters, by torchvision's InterpolationMode names (on a PIL image torchvision's Resize is PIL's
-// resize with that filter). PIL's nearest, box and hamming are not implemented.
+// resize with that filter).
 enum class ResizeFilter {
   kBilinear,  // Image.BILINEAR: the triangle filter (support 1); train_text_to_image.py 0.24's Resize
   kBicubic,   // Image.BICUBIC: textual_inversion.py's resize
   kLanczos,   // Image.LANCZOS: the 3-lobe Lanczos filter (support 3); diffusers' VaeImageProcessor (img2img)
+  kBox,       // Image.BOX: the unit box (support 1/2); an area average when downscaling
+  kHamming,   // Image.HAMMING: a Hamming-windowed sinc (support 1)
+  kNearest,   // Image.NEAREST: each output pixel copies one input pixel, no filtering
 };
 
-// "bilinear", "bicubic" or "lanczos"; nullopt for any other name.
+// "bilinear", "bicubic", "lanczos", "box", "hamming", "nearest" or "nearest_exact" (torchvision's names; on a PIL
+// image nearest_exact is PIL's nearest); nullopt for any other name.
 std::optional<ResizeFilter> resize_filter_named(const std::string& name);
+// The first of those names that gives `filter`.
 std::string resize_filter_name(ResizeFilter filter);
 
-// PIL's Image.resize(size, filter) bit for bit: separable, antialiased (support scaled by the downscale factor),
-// fixed-point with 22 fractional bits, horizontal pass first, each pass rounded and clamped to 0..255.
+// PIL's Image.resize(size, filter) bit for bit. All but nearest: separable, antialiased (support scaled by the
+// downscale factor), fixed-point with 22 fractional bits, horizontal pass first, each pass rounded and clamped to
+// 0..255. Nearest: PIL's scale-only affine transform, positions summed step by step as PIL sums them.
 RgbImage resize(const RgbImage& image, int width, int height, ResizeFilter filter);
 
 // The height x width region whose top-left pixel is (left, top); throws sd::Error if it does not fit.

@@ -27,7 +27,7 @@ TEST(ImageTransforms, EachInterpolationModeResizesAsPilThenCrops) {
   const io::RgbImage input = fixture_image("input.rgb", 53, 37);
   at::Generator gen = stream_generator(0, Stream::kAugment, 0);
   std::vector<at::Tensor> outputs;
-  for (const char* name : {"bilinear", "bicubic", "lanczos"}) {
+  for (const char* name : {"bilinear", "bicubic", "lanczos", "box", "hamming", "nearest"}) {
     ImageTransformOptions o{17, /*center_crop=*/true, /*random_flip=*/false};
     o.interpolation = *io::resize_filter_named(name);
     const io::RgbImage pil = fixture_image(fmt::format("{}_24x17.rgb", name), 24, 17);
@@ -40,9 +40,11 @@ TEST(ImageTransforms, EachInterpolationModeResizesAsPilThenCrops) {
 }
 
 TEST(ImageTransforms, FilterNamesAreTorchvisionsAndOthersAreRefused) {
-  for (const char* name : {"bilinear", "bicubic", "lanczos"})
+  for (const char* name : {"bilinear", "bicubic", "lanczos", "box", "hamming", "nearest"})
     EXPECT_EQ(io::resize_filter_name(*io::resize_filter_named(name)), name);
-  for (const char* name : {"nearest", "box", "hamming", "Lanczos", ""}) EXPECT_FALSE(io::resize_filter_named(name));
+  // On a PIL image torchvision resizes NEAREST_EXACT with PIL's NEAREST.
+  EXPECT_EQ(io::resize_filter_named("nearest_exact"), io::ResizeFilter::kNearest);
+  for (const char* name : {"area", "nearest-exact", "Lanczos", ""}) EXPECT_FALSE(io::resize_filter_named(name));
 }
 
 }  // namespace

@@ -79,9 +79,9 @@ TEST(Cli, Errors) {
                                                       "--validation_prompts b")),
                                   "--validation_prompts excludes --validation_prompt"));
   EXPECT_TRUE(sd::test::is_one_line_error(
-      run_command(sdtrain("train --pretrained_model_name_or_path m --image_interpolation_mode nearest")),
-      "--image_interpolation_mode: 'nearest' is not one of bilinear, bicubic, lanczos (nearest, box and hamming are "
-      "not implemented)"));
+      run_command(sdtrain("train --pretrained_model_name_or_path m --image_interpolation_mode area")),
+      "--image_interpolation_mode: 'area' is not one of bilinear, bicubic, lanczos, box, hamming, nearest, "
+      "nearest_exact"));
 }
 
 TEST(Cli, FlagValuesAreCheckedBeforeAnyWork) {

@@ -99,7 +99,7 @@ TEST(Image, EveryFilterResizesExactlyAsPil) {
   // sizes that scale down, up, one axis only, and down in one axis while up in the other.
   const std::string input = file_bytes(sd::test::fixtures() / "resize" / "input.rgb");
   const RgbImage image{53, 37, std::vector<uint8_t>(input.begin(), input.end())};
-  for (const char* filter : {"bilinear", "bicubic", "lanczos"}) {
+  for (const char* filter : {"bilinear", "bicubic", "lanczos", "box", "hamming", "nearest"}) {
     for (auto [width, height] : {std::pair{24, 17}, {31, 37}, {53, 20}, {80, 59}, {7, 5}, {40, 61}}) {
       const std::string name = fmt::format("{}_{}x{}", filter, width, height);
       const RgbImage resized = resize(image, width, height, resize_filter_named(filter).value());
@@ -109,6 +109,24 @@ TEST(Image, EveryFilterResizesExactlyAsPil) {
                   file_bytes(sd::test::fixtures() / "resize" / (name + ".rgb")))
           << name;
     }
+  }
+  // Where inputs lie exactly half a box away from an output's centre: PIL's box is closed on the right.
+  const RgbImage box = resize(image, 16, 8, ResizeFilter::kBox);
+  EXPECT_TRUE(std::string(box.pixels.begin(), box.pixels.end()) ==
+              file_bytes(sd::test::fixtures() / "resize" / "box_16x8.rgb"));
+}
+
+TEST(Image, NearestSumsItsPositionsAsPil) {
+  // From an even size some positions PIL sums step by step land just below an integer that (x + 0.5) * step
+  // reaches exactly, so a nearest resize by that formula reads the next pixel at those outputs.
+  const std::string input = file_bytes(sd::test::fixtures() / "resize" / "input.rgb");
+  const RgbImage even = crop(RgbImage{53, 37, std::vector<uint8_t>(input.begin(), input.end())}, 0, 0, 36, 52);
+  for (auto [width, height] : {std::pair{17, 15}, {78, 54}}) {
+    const std::string name = fmt::format("nearest-even_{}x{}", width, height);
+    const RgbImage resized = resize(even, width, height, ResizeFilter::kNearest);
+    EXPECT_TRUE(std::string(resized.pixels.begin(), resized.pixels.end()) ==
+                file_bytes(sd::test::fixtures() / "resize" / (name + ".rgb")))
+        << name;
   }
 }
 
