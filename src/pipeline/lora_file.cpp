@@ -78,8 +78,13 @@ std::optional<KeyTarget> parse_diffusers_key(const std::string& key) {
   static const std::vector<std::pair<std::string, LoraComponent>> prefixes = {
       {"unet.", LoraComponent::kUNet}, {"text_encoder.", LoraComponent::kTextEncoder}};
   static const std::vector<std::pair<std::string, std::string>> suffixes = {
-      {".lora.down.weight", "down"},          {".lora.up.weight", "up"},  {".lora_linear_layer.down.weight", "down"},
-      {".lora_linear_layer.up.weight", "up"}, {".lora_A.weight", "down"}, {".lora_B.weight", "up"}};
+      {".lora.down.weight", "down"},
+      {".lora.up.weight", "up"},
+      {".lora_linear_layer.down.weight", "down"},
+      {".lora_linear_layer.up.weight", "up"},
+      {".lora_A.weight", "down"},
+      {".lora_B.weight", "up"},
+      {".lora_magnitude_vector", "lora_magnitude_vector"}};
   for (const auto& [prefix, component] : prefixes) {
     if (key.rfind(prefix, 0) != 0) continue;
     for (const auto& [suffix, part] : suffixes)
@@ -141,7 +146,8 @@ using Parts = std::map<std::string, at::Tensor>;
 enum class ModuleKind { kLora, kLoha, kLokr, kFull };
 
 // The kind of module a part belongs to: down, up and mid make a LoRA, hada_* a LoHa, lokr_* a LoKr, diff and diff_b
-// a full update; nullopt for alpha and dora_scale, which any kind can have.
+// a full update; nullopt for alpha and the DoRA norms (LyCORIS' dora_scale, peft's lora_magnitude_vector), which any
+// kind can have.
 std::optional<ModuleKind> kind_of_part(const std::string& part) {
   if (part == "down" || part == "up" || part == "mid") return ModuleKind::kLora;
   if (part.rfind("hada_", 0) == 0) return ModuleKind::kLoha;
@@ -150,13 +156,17 @@ std::optional<ModuleKind> kind_of_part(const std::string& part) {
   return std::nullopt;
 }
 
+// Parts that set how a module's weights apply rather than hold them: alpha and the DoRA norms.
+bool is_setting_part(const std::string& part) {
+  return part == "alpha" || part == "dora_scale" || part == "lora_magnitude_vector";
+}
+
 // Parts of a module that no kind reads (split_kohya_key's parts of LyCORIS' other modules).
 template <typename PartMap>
 std::vector<std::string> unread_parts(const PartMap& parts) {
   std::vector<std::string> unread;
   for (const auto& entry : parts)
-    if (!kind_of_part(entry.first) && entry.first != "alpha" && entry.first != "dora_scale")
-      unread.push_back(entry.first);
+    if (!kind_of_part(entry.first) && !is_setting_part(entry.first)) unread.push_back(entry.first);
   return unread;
 }
 
@@ -299,7 +309,7 @@ at::Tensor module_update(const Parts& p, ModuleKind kind, at::IntArrayRef weight
   } catch (const std::exception&) {  // c10::Error from sizes and products, std::runtime_error from reshape
     std::vector<std::string> shapes;
     for (const auto& [part, tensor] : p)
-      if (part != "alpha" && part != "dora_scale" && part != "diff_b")
+      if (!is_setting_part(part) && part != "diff_b")
         shapes.push_back(fmt::format("{} [{}]", part, fmt::join(tensor.sizes(), ", ")));
     const char* label = kind_label(kind);
     fail("{}: the {} factors {} do not make the layer's weight [{}]", layer, label, fmt::join(shapes, ", "),
@@ -308,9 +318,19 @@ at::Tensor module_update(const Parts& p, ModuleKind kind, at::IntArrayRef weight
   return multiplier == 1 ? update : update * multiplier;
 }
 
-// DoRA (arXiv 2402.09353) as LyCORIS stores and merges it: the updated weight W + ΔW rescaled to the norms
-// dora_scale holds, per output row when dora_scale is [out, 1, ...] (LyCORIS' wd_on_out, its default), per input
-// column when it is [1, in, ...] (its earlier default), returned as an update of W:
+// DoRA's weight decomposition (arXiv 2402.09353): `merged` (a weight V) rescaled in place to V · m / (‖V‖ + ε),
+// where m holds one norm per index of dimension `dim` and ‖V‖ is taken over every other dimension.
+at::Tensor& rescale_to_norms(at::Tensor& merged, const at::Tensor& norms, int64_t dim, double epsilon) {
+  std::vector<int64_t> reduced;
+  for (int64_t d = 0; d < merged.dim(); ++d)
+    if (d != dim) reduced.push_back(d);
+  const at::Tensor norm = at::norm(merged, 2, reduced, /*keepdim=*/true).add_(epsilon);
+  return merged.mul_(norms.reshape(norm.sizes()) / norm);
+}
+
+// DoRA as LyCORIS stores and merges it: the updated weight W + ΔW rescaled to the norms dora_scale holds, per output
+// row when dora_scale is [out, 1, ...] (LyCORIS' wd_on_out, its default), per input column when it is [1, in, ...]
+// (its earlier default), returned as an update of W:
 //   W' = (W + ΔW) · dora_scale / (‖W + ΔW‖ + ε),  update = W' − W   (ε = float32's epsilon, as LyCORIS adds).
 // Merged with strength s, W + s·(W' − W) is W' at s = 1 and W at s = 0, as ComfyUI applies it.
 at::Tensor weight_decomposed_update(const at::Tensor& update, const at::Tensor& dora_scale, const at::Tensor& weight,
@@ -323,11 +343,25 @@ at::Tensor weight_decomposed_update(const at::Tensor& update, const at::Tensor& 
            fmt::join(dora_scale.sizes(), ", "), out, in);
   // In place on one new tensor: the model's weights are large (SD-1.5's attention, 80 M values) and this runs once.
   at::Tensor merged = update.reshape(weight.sizes()) + weight;
-  std::vector<int64_t> reduced;  // every dimension but the one dora_scale runs along
-  for (int64_t d = 0; d < merged.dim(); ++d)
-    if (d != (per_output ? 0 : 1)) reduced.push_back(d);
-  const at::Tensor norm = at::norm(merged, 2, reduced, /*keepdim=*/true).add_(std::numeric_limits<float>::epsilon());
-  return merged.mul_(dora_scale.reshape(norm.sizes()) / norm).sub_(weight);
+  return rescale_to_norms(merged, dora_scale, per_output ? 0 : 1, std::numeric_limits<float>::epsilon()).sub_(weight);
+}
+
+// DoRA as peft computes it (diffusers' lora_magnitude_vector), with the adapter's strength s inside the norm:
+//   W' = (W + s·ΔW) · magnitude / ‖W + s·ΔW‖   per output row, no ε;   returned as W' − W.
+// At s = 0 the weight is still rescaled to the magnitudes, as peft does.
+at::Tensor peft_dora_update(const at::Tensor& weight, const at::Tensor& delta, const at::Tensor& magnitude,
+                            double scale) {
+  at::Tensor merged = delta.reshape(weight.sizes()) * scale;
+  merged.add_(weight);
+  return rescale_to_norms(merged, magnitude, 0, 0.0).sub_(weight);
+}
+
+// peft's magnitude of `layer`: one norm per output row, [out] for a Linear, [1, out, 1, 1] for a Conv2d.
+at::Tensor checked_magnitude(const at::Tensor& magnitude, at::IntArrayRef weight, const std::string& layer) {
+  SD_CHECK(magnitude.numel() == weight[0] && magnitude.dim() >= 1,
+           "{}: lora_magnitude_vector [{}] does not hold one norm per output of the layer's weight [{}]", layer,
+           fmt::join(magnitude.sizes(), ", "), fmt::join(weight, ", "));
+  return magnitude.flatten();
 }
 
 // The original (LDM) module path of a UNet layer: input_blocks.4.1.proj_in for down_blocks.1.attentions.0.proj_in.
@@ -435,8 +469,8 @@ LoraFileContents load_lora_file(const fs::path& given, StableDiffusion& pipe) {
         parts.count("alpha") ? std::optional<double>(parts.at("alpha").item<double>()) : std::nullopt;
     const ModuleKind kind = kind_of(parts, layer);
     check_factors(parts, kind, layer);
-    const auto dora_scale = parts.find("dora_scale");
-    if (kind == ModuleKind::kLora && !parts.count("mid") && dora_scale == parts.end()) {
+    const auto dora_scale = parts.find("dora_scale"), magnitude = parts.find("lora_magnitude_vector");
+    if (kind == ModuleKind::kLora && !parts.count("mid") && dora_scale == parts.end() && magnitude == parts.end()) {
       const at::Tensor &down = parts.at("down"), &up = parts.at("up");
       SD_CHECK(down.dim() >= 2, "{}: the down weight must be [rank, in] or [rank, in, kh, kw]", layer);
       contents.adapters.push_back({where.first, where.second, down, up, alpha.value_or(down.size(0))});
@@ -447,7 +481,10 @@ LoraFileContents load_lora_file(const fs::path& given, StableDiffusion& pipe) {
     if (dora_scale != parts.end())
       update = weight_decomposed_update(update, dora_scale->second, host.current_weight(), layer);
     const auto bias = parts.find("diff_b");
-    contents.updates.push_back({where.first, where.second, update, bias != parts.end() ? bias->second : at::Tensor()});
+    contents.updates.push_back({where.first, where.second, update, bias != parts.end() ? bias->second : at::Tensor(),
+                                magnitude != parts.end()
+                                    ? checked_magnitude(magnitude->second, host.base_weight_shape(), layer)
+                                    : at::Tensor()});
   }
   return contents;
 }
@@ -471,7 +508,7 @@ std::pair<std::string, std::optional<int64_t>> module_kind_and_rank(const io::Te
     return {"no weights", std::nullopt};
   const ModuleKind kind = kind_of(parts, layer);
   const std::optional<std::string> rank = rank_part(parts, kind);
-  const std::string dora = parts.count("dora_scale") ? "+DoRA" : "";
+  const std::string dora = parts.count("dora_scale") || parts.count("lora_magnitude_vector") ? "+DoRA" : "";
   if (kind != ModuleKind::kLora)
     return {(kind == ModuleKind::kFull ? "Full" : kind_label(kind)) + dora, rank ? rank_of(*rank) : std::nullopt};
   auto kxk = [&](const std::string& part) {
@@ -530,7 +567,11 @@ void apply_weight_updates(StableDiffusion& pipe, const std::vector<WeightUpdate>
   PipelineLayers layers(pipe);
   for (const WeightUpdate& u : updates) {
     models::LoraHost& layer = layers.at(u.component, u.module, source);
-    layer.add_to_weight(u.delta, scale, source + ": " + u.module);
+    if (u.magnitude.defined())
+      layer.add_to_weight(peft_dora_update(layer.current_weight(), u.delta, u.magnitude, scale), 1.0,
+                          source + ": " + u.module);
+    else
+      layer.add_to_weight(u.delta, scale, source + ": " + u.module);
     if (u.bias_delta.defined()) layer.add_to_bias(u.bias_delta, scale, source + ": " + u.module);
   }
 }

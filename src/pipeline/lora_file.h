@@ -3,7 +3,8 @@
 //   diffusers 0.24 (pytorch_lora_weights.safetensors, LoraLoaderMixin):
 //     unet.<module>.lora.down.weight [r, in], unet.<module>.lora.up.weight [out, r]
 //     text_encoder.<module>.lora_linear_layer.down.weight / .up.weight
-//     no alpha: the scale alone multiplies up·down. Read also: peft's lora_A / lora_B (diffusers >= 0.25).
+//     no alpha: the scale alone multiplies up·down. Read also: peft's lora_A / lora_B (diffusers >= 0.25) and
+//     its DoRA's .lora_magnitude_vector ([out] or [1, out, 1, 1]: the norms of the updated weight's output rows).
 //   kohya sd-scripts (networks/lora.py) and A1111:
 //     lora_unet_<module with '.' -> '_'>.lora_down.weight, .lora_up.weight, .alpha (a scalar; absent = rank)
 //     lora_te_<text encoder module with '.' -> '_'>..., training metadata as ss_* keys in __metadata__
@@ -41,14 +42,17 @@ struct LoraModule {
 };
 using LoraWeights = std::vector<LoraModule>;
 
-// One layer's whole weight update from a LyCORIS LoHa, LoKr, Tucker LoCon, full or DoRA module: not a low-rank product
-// (or, for DoRA, not even linear in the weight), so it is merged into the weight (as A1111 applies every LoRA) rather
-// than attached as an adapter.
+// One layer's whole weight update from a LyCORIS LoHa, LoKr, Tucker LoCon, full or DoRA module, or a peft DoRA: not
+// a low-rank product (or, for DoRA, not even linear in the weight), so it is merged into the weight (as A1111 applies
+// every LoRA) rather than attached as an adapter.
 struct WeightUpdate {
   LoraComponent component = LoraComponent::kUNet;
   std::string module;
   at::Tensor delta;       // as many values as the layer's weight, already multiplied by the file's alpha / dim
   at::Tensor bias_delta;  // as many values as the layer's bias (a full update's diff_b); undefined for the rest
+  // peft's DoRA: one norm per output row that W + scale·delta is rescaled to when applied, so the update is not a
+  // multiple of delta (apply_weight_updates); undefined for the rest.
+  at::Tensor magnitude;
 };
 
 // What a LoRA file holds: low-rank adapters (LoRA, LoCon) and whole weight updates (the rest).
@@ -80,8 +84,8 @@ void save_lora_file(const std::filesystem::path& path, const LoraWeights& weight
 // pipeline's own layers. A DoRA module's update is taken against the layer's weight as it stands: after earlier
 // files' merged updates (apply_lora_files), before their attached adapters. Throws one sd::Error line naming the
 // file (and the key or layer) for a missing file, an unknown key, a kohya name no layer has, a down without its up,
-// a LoHa or LoKr module missing a factor, factors that do not make the layer's weight, or a dora_scale of another
-// size.
+// a LoHa or LoKr module missing a factor, factors that do not make the layer's weight, or a dora_scale or
+// lora_magnitude_vector of another size.
 LoraFileContents load_lora_file(const std::filesystem::path& path, StableDiffusion& pipe);
 
 // What `sdtrain inspect` shows of a LoRA file, read without a model: from the tensors' names and shapes and the
@@ -108,7 +112,8 @@ std::optional<LoraFileSummary> summarize_lora_file(const std::filesystem::path& 
 // naming `source` (the file) and the module for a layer the models do not have or shapes that do not fit it.
 void attach_lora(StableDiffusion& pipe, const LoraWeights& weights, double scale, const std::string& source);
 
-// Adds scale · delta to each update's layer weight (and scale · bias_delta to its bias). Throws one sd::Error line
+// Adds scale · delta to each update's layer weight (and scale · bias_delta to its bias); for a peft DoRA sets the
+// weight to (W + scale · delta) · magnitude / ‖W + scale · delta‖ by output rows instead. Throws one sd::Error line
 // naming `source` and the module for a layer the models do not have, a delta of another size or a bias update for a
 // layer without a bias.
 void apply_weight_updates(StableDiffusion& pipe, const std::vector<WeightUpdate>& updates, double scale,

@@ -1,7 +1,7 @@
 // LoRA end to end: the reference LoRA image (golden C11) through `sdtrain generate --lora`, merged or not, and
-// through LyCORIS (full, DoRA) files of the same update; a LoRA trained by `sdtrain train --lora_rank` on the fixture
-// images, exported in both formats, generating the same images from either file, merged or not; resume and two sharded
-// ranks reproducing one rank; one clear line for bad input.
+// through LyCORIS (full, DoRA) and peft DoRA files of the same update; a LoRA trained by `sdtrain train --lora_rank` on
+// the fixture images, exported in both formats, generating the same images from either file, merged or not; resume and
+// two sharded ranks reproducing one rank; one clear line for bad input.
 
 #include <nlohmann/json.hpp>
 #include <torch/serialize.h>
@@ -119,6 +119,31 @@ TEST(LoraE2E, LyCorisLoHaLoKrFullAndDoRAOfTheReferenceUpdateReproduceItsImage) {
     const at::Tensor images = generate_c11(dir.path(), {"--lora=" + file.string(), "--lora_scale=0.7"});
     EXPECT_TRUE(sd::test::close_rel_max(images, golden, 1e-4));
   }
+}
+
+// The reference LoRA as a peft DoRA (diffusers' --use_dora scripts): its own tensors plus lora_magnitude_vector, the
+// output rows' norms of W + 0.7·ΔW. peft puts the strength inside the norm, so at --lora_scale 0.7 the weight is
+// W + 0.7·ΔW exactly and the image is diffusers' for the reference LoRA at that scale.
+TEST(LoraE2E, PeftDoRAOfTheReferenceUpdateReproducesItsImage) {
+  const at::Tensor golden = io::load_safetensors(sd::test::golden("tiny-sd1/lora_txt2img.safetensors")).at("image");
+  io::TensorMap dora = io::load_safetensors(sd::test::golden("tiny-sd1/lora_diffusers.safetensors"));
+  const io::TensorMap unet = io::load_safetensors(tiny_sd1() / "unet" / "diffusion_pytorch_model.safetensors");
+  const std::string down_suffix = ".lora.down.weight";
+  for (const auto& [key, down] : io::TensorMap(dora)) {
+    if (key.size() < down_suffix.size() ||
+        key.compare(key.size() - down_suffix.size(), down_suffix.size(), down_suffix))
+      continue;
+    const std::string module = key.substr(0, key.size() - down_suffix.size());  // unet.<module>
+    const at::Tensor weight = unet.at(module.substr(5) + ".weight");
+    const at::Tensor merged = weight + at::mm(dora.at(module + ".lora.up.weight"), down) * 0.7;
+    dora[module + ".lora_magnitude_vector"] = merged.norm(2, {1});
+  }
+  ASSERT_EQ(dora.size(), 88u * 3);
+  sd::test::TempDir dir;
+  const fs::path file = dir.path() / "pytorch_lora_weights.safetensors";
+  io::save_safetensors(file, dora);
+  const at::Tensor images = generate_c11(dir.path(), {"--lora=" + dir.path().string(), "--lora_scale=0.7"});
+  EXPECT_TRUE(sd::test::close_rel_max(images, golden, 1e-4));
 }
 
 // `convert --lora` writes the pipeline with the LoRA merged in: it generates generate's --fuse_lora images exactly.

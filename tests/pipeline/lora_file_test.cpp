@@ -191,6 +191,13 @@ TEST(LoraFile, BadFilesAreOneLineNamingTheFileAndKey) {
       error_for(
           {{stem + ".lora_down.weight", down}, {stem + ".lora_up.weight", up}, {stem + ".dora_scale", at::ones({3})}}),
       layer + ": dora_scale [3] fits neither the layer's outputs [32, 1, ...] nor its inputs [1, 32, ...]");
+  const std::string peft = "unet." + kUNetModule;
+  EXPECT_EQ(error_for({{peft + ".lora_A.weight", down},
+                       {peft + ".lora_B.weight", up},
+                       {peft + ".lora_magnitude_vector", at::ones({1, 2})}}),
+            layer + ": lora_magnitude_vector [1, 2] does not hold one norm per output of the layer's weight [32, 32]");
+  EXPECT_EQ(error_for({{peft + ".lora_magnitude_vector", at::ones({32})}}),
+            layer + " has lora_magnitude_vector but no weights");
   const std::string conv_stem = "lora_unet_down_blocks_1_resnets_0_conv1";
   EXPECT_EQ(error_for({{conv_stem + ".lora_down.weight", at::ones({2, 32, 1, 1})},
                        {conv_stem + ".lora_mid.weight", at::ones({2, 2, 3, 3})},
@@ -455,6 +462,55 @@ TEST(LoraFile, LyCorisTuckerLoConFullAndDoRAFollowTheirDefinitions) {
     EXPECT_TRUE(at::allclose(w07, w + (w1 - w) * 0.7, 1e-5, 1e-6));
   }
   EXPECT_TRUE(models::adapter_tensors(*whole.unet).empty());  // all merged, not attached
+}
+
+// peft's DoRA as diffusers saves it (lora_magnitude_vector beside the LoRA's factors, diffusers' or peft's names) by
+// what peft computes: the layer's weight has the directions of W + s·ΔW and the magnitudes as its output rows' norms,
+// the strength s inside the norm, so even at s = 0 the weight is rescaled.
+TEST(LoraFile, PeftDoRAFollowsPeftsDefinitionAtEveryScale) {
+  sd::test::TempDir dir;
+  at::manual_seed(13);
+  const std::string conv = "down_blocks.1.resnets.0.conv1";  // [64, 32, 3, 3]
+  io::TensorMap t = {
+      {"unet." + kUNetModule + ".lora.down.weight", at::randn({2, 32}) * 0.1},
+      {"unet." + kUNetModule + ".lora.up.weight", at::randn({32, 2}) * 0.1},
+      {"unet." + kUNetModule + ".lora_magnitude_vector", at::rand({32}) + 0.5},
+      {"unet." + conv + ".lora_A.weight", at::randn({2, 32, 3, 3}) * 0.1},
+      {"unet." + conv + ".lora_B.weight", at::randn({64, 2, 1, 1}) * 0.1},
+      {"unet." + conv + ".lora_magnitude_vector", at::rand({1, 64, 1, 1}) + 0.5},
+      {"text_encoder." + kTextModule + ".lora_linear_layer.down.weight", at::randn({2, 32}) * 0.1},
+      {"text_encoder." + kTextModule + ".lora_linear_layer.up.weight", at::randn({32, 2}) * 0.1},
+      {"text_encoder." + kTextModule + ".lora_magnitude_vector", at::rand({32}) + 0.5},
+  };
+  const fs::path path = dir.path() / "dora.safetensors";
+  io::save_safetensors(path, t);
+  struct Layer {
+    LoraComponent component;
+    std::string module, down, up, magnitude;
+  };
+  const std::vector<Layer> layers = {
+      {LoraComponent::kUNet, kUNetModule, "unet." + kUNetModule + ".lora.down.weight",
+       "unet." + kUNetModule + ".lora.up.weight", "unet." + kUNetModule + ".lora_magnitude_vector"},
+      {LoraComponent::kUNet, conv, "unet." + conv + ".lora_A.weight", "unet." + conv + ".lora_B.weight",
+       "unet." + conv + ".lora_magnitude_vector"},
+      {LoraComponent::kTextEncoder, kTextModule, "text_encoder." + kTextModule + ".lora_linear_layer.down.weight",
+       "text_encoder." + kTextModule + ".lora_linear_layer.up.weight",
+       "text_encoder." + kTextModule + ".lora_magnitude_vector"},
+  };
+  StableDiffusion base = load_tiny();
+  for (double scale : {1.0, 0.6, 0.0}) {
+    StableDiffusion pipe = load_tiny();
+    apply_lora_files(pipe, {path.string()}, {scale}, /*fuse=*/false);
+    for (const Layer& l : layers) {
+      SCOPED_TRACE(l.module + " at scale " + std::to_string(scale));
+      const at::Tensor w = layer_weight(base, l.component, l.module), after = layer_weight(pipe, l.component, l.module);
+      const at::Tensor update = product_by_elements(t.at(l.up), t.at(l.down)).reshape(w.sizes());
+      const auto [directions, norms] = directions_and_norms(after, 0);
+      EXPECT_TRUE(at::allclose(directions, directions_and_norms(w + update * scale, 0).first, 1e-4, 1e-6));
+      EXPECT_TRUE(at::allclose(norms.flatten(), t.at(l.magnitude).flatten(), 1e-5, 1e-6));
+    }
+    EXPECT_TRUE(models::adapter_tensors(*pipe.unet).empty());  // merged, not attached
+  }
 }
 
 }  // namespace
