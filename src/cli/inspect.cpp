@@ -25,8 +25,8 @@ std::string one_line(std::string value) {
 }
 
 void print_lora_summary(const std::string& path, const pipeline::LoraFileSummary& s) {
-  std::printf("%s: LoRA file (%s names): %lld modules (UNet %lld, text encoder %lld), %.6f M params, %s, %.2f MB\n",
-              path.c_str(), fmt::format("{}", fmt::join(s.namings, ", ")).c_str(),
+  std::printf("%s: %sLoRA file (%s names): %lld modules (UNet %lld, text encoder %lld), %.6f M params, %s, %.2f MB\n",
+              path.c_str(), s.sdxl ? "SDXL " : "", fmt::format("{}", fmt::join(s.namings, ", ")).c_str(),
               static_cast<long long>(s.unet_modules + s.text_encoder_modules), static_cast<long long>(s.unet_modules),
               static_cast<long long>(s.text_encoder_modules), static_cast<double>(s.weights.parameters) / 1e6,
               fmt::format("{}", fmt::join(s.weights.dtypes, ",")).c_str(), static_cast<double>(s.weights.bytes) / 1e6);

@@ -115,10 +115,13 @@ LoraComponent kohya_component(const std::string& stem) {
   return stem.rfind("lora_unet_", 0) == 0 ? LoraComponent::kUNet : LoraComponent::kTextEncoder;
 }
 
+// kohya names SDXL's two text encoders te1 and te2 (SD-1.x/2.x's one: te).
+bool is_sdxl_key(const std::string& key) { return key.rfind("lora_te1_", 0) == 0 || key.rfind("lora_te2_", 0) == 0; }
+
 // lora_unet_<module with _>.lora_down.weight, .hada_w1_a etc. as {stem, part}, a part kohya_suffixes() does not name
 // (LyCORIS' OFT, IA³, GLoRA, norm modules) as it stands after the stem's dot; nullopt for a key of another shape.
 std::optional<std::pair<std::string, std::string>> split_kohya_key(const std::string& key) {
-  if (key.rfind("lora_unet_", 0) != 0 && key.rfind("lora_te_", 0) != 0) return std::nullopt;
+  if (key.rfind("lora_unet_", 0) != 0 && key.rfind("lora_te_", 0) != 0 && !is_sdxl_key(key)) return std::nullopt;
   for (const auto& [suffix, part] : kohya_suffixes())
     if (ends_with(key, suffix)) return std::pair{key.substr(0, key.size() - suffix.size()), part};
   const size_t dot = key.find('.');  // kohya's stems have none
@@ -441,9 +444,7 @@ LoraFileContents load_lora_file(const fs::path& given, StableDiffusion& pipe) {
   std::optional<std::map<std::string, std::pair<LoraComponent, std::string>>> kohya;  // built on the first kohya key
   std::map<std::pair<LoraComponent, std::string>, Parts> modules;
   for (const std::string& key : file.names()) {
-    // kohya names SDXL's two text encoders te1 and te2.
-    SD_CHECK(key.rfind("lora_te1_", 0) != 0 && key.rfind("lora_te2_", 0) != 0,
-             "{}: an SDXL LoRA (key '{}'); sdtrain runs SD-1.x and SD-2.x models", name, key);
+    SD_CHECK(!is_sdxl_key(key), "{}: an SDXL LoRA (key '{}'); sdtrain runs SD-1.x and SD-2.x models", name, key);
     std::optional<KeyTarget> target = parse_diffusers_key(key);
     if (!target && key.rfind("lora_", 0) == 0) {
       if (!kohya) kohya = kohya_paths(pipe);
@@ -531,6 +532,7 @@ std::optional<LoraFileSummary> summarize_lora_file(const fs::path& path) {
     } else if (const auto kohya = split_kohya_key(key)) {
       modules[{kohya_component(kohya->first), kohya->first}][kohya->second] = key;
       summary.namings.insert("kohya");
+      summary.sdxl = summary.sdxl || is_sdxl_key(key);
     } else {
       return std::nullopt;
     }

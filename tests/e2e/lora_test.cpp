@@ -253,6 +253,21 @@ TEST(LoraE2E, InspectShowsALoraFilesModulesRanksAlphasAndMetadata) {
                               "float32, 0.00 MB\n"
                               "  not read (on_input, weight)     1 modules  rank -  alpha none (scale 1)\n"
                               "  format: pt\n");
+
+  // An SDXL LoRA is shown for what it is (generate refuses it: sdtrain runs SD-1.x and SD-2.x).
+  const fs::path sdxl = dir.path() / "sdxl.safetensors";
+  const std::string te2 = "lora_te2_text_model_encoder_layers_0_self_attn_q_proj";
+  io::save_safetensors(sdxl,
+                       {{te2 + ".lora_down.weight", at::zeros({2, 32})},
+                        {te2 + ".lora_up.weight", at::zeros({32, 2})},
+                        {q + ".lora_down.weight", at::zeros({2, 32})},
+                        {q + ".lora_up.weight", at::zeros({32, 2})}},
+                       {{"ss_base_model_version", "sdxl_base_v1-0"}});
+  EXPECT_EQ(inspect(sdxl), sdxl.string() +
+                               ": SDXL LoRA file (kohya names): 2 modules (UNet 1, text encoder 1), 0.000256 M "
+                               "params, float32, 0.00 MB\n"
+                               "  LoRA           2 modules  rank 2  alpha none (scale 1)\n"
+                               "  ss_base_model_version: sdxl_base_v1-0\n");
 }
 
 // diffusers 0.24 without safetensors writes pytorch_lora_weights.bin (torch.save); a folder stands for it.
