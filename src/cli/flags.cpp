@@ -62,6 +62,17 @@ CLI::Validator positive_number() {
       ">0");
 }
 
+CLI::Validator non_negative_number() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        double value = 0;
+        if (!CLI::detail::lexical_cast(text, value) || !(value >= 0) || !std::isfinite(value))
+          return text + " is not a number >= 0";
+        return {};
+      },
+      ">=0");
+}
+
 CLI::Validator not_a_flag() {
   return CLI::Validator(
       [](std::string& text) -> std::string {

@@ -50,6 +50,8 @@ CLI::Validator in_range(int64_t lo, int64_t hi);
 CLI::Validator at_least(int64_t lo);
 // A number (not necessarily whole) > 0.
 CLI::Validator positive_number();
+// A finite number (not necessarily whole) >= 0.
+CLI::Validator non_negative_number();
 // Any number but NaN or an infinity.
 CLI::Validator finite_number();
 // A seed: a whole number from 0 to 2^64 - 1. CLI11 alone would wrap -1 around to 2^64 - 1 and saturate larger values.

@@ -30,6 +30,13 @@ void add_train(CLI::App& app, std::function<int()>& chosen) {
   const std::string data =
       "Data (one of --train_data_dir, --train_shards, --train_latents, --synthetic_data, --replay_inputs)";
   add_image_caption_flags(cmd, d, data);
+  flag(cmd, "--reg_data_dir", d.reg_data_dir,
+       "Regularization images (DreamBooth's prior preservation) in kohya's layout, e.g. 1_dog/*.png: balanced to as "
+       "many samples per epoch as --train_data_dir's, as kohya does; their loss weighs --prior_loss_weight")
+      ->group(data);
+  flag(cmd, "--prior_loss_weight", d.prior_loss_weight, "Loss weight of the --reg_data_dir images (kohya's default 1)")
+      ->check(non_negative_number())
+      ->group(data);
   flag(cmd, "--train_latents", d.train_latents,
        "Latents and text embeddings written by `sdtrain preprocess`: trains with no VAE or text encoder in memory")
       ->group(data);

@@ -35,7 +35,7 @@ DecodedSample ImageCaptionDataset::decode(int64_t index) const {
     const int64_t candidate = (index + tried) % n;
     try {
       EncodedSample sample = read(candidate);
-      return {decode_image(sample.image, describe(candidate)), std::move(sample.captions)};
+      return {decode_image(sample.image, describe(candidate)), std::move(sample.captions), sample.loss_weight};
     } catch (const UnusableSample& e) {
       const std::lock_guard<std::mutex> lock(replaced_mutex_);
       if (replaced_.insert(candidate).second)

@@ -26,11 +26,13 @@ class UnusableSample : public Error {
 struct EncodedSample {
   std::string image;                  // the bytes of a JPEG, PNG, BMP or WebP file
   std::vector<std::string> captions;  // one of them is the sample's caption
+  double loss_weight = 1.0;           // kohya's --prior_loss_weight for a regularization image
 };
 
 struct DecodedSample {
   io::RgbImage image;
   std::vector<std::string> captions;
+  double loss_weight = 1.0;
 };
 
 class ImageCaptionDataset {

@@ -121,6 +121,94 @@ std::string kohya_caption(const fs::path& image, int64_t& missing) {
   return "";
 }
 
+// An image and how many times an epoch holds it.
+struct RepeatedImage {
+  CaptionedImage sample;
+  int64_t repeats = 1;
+};
+
+// Images with caption files beside them; those in a top-level "N_tokens" folder N times each, as kohya's
+// DreamBooth datasets, with "tokens" as the caption of those without a caption file. `flag` names the folder in
+// messages.
+std::vector<RepeatedImage> list_kohya(const fs::path& dir, const std::vector<fs::path>& files,
+                                      const std::string& flag) {
+  std::vector<RepeatedImage> images;
+  int64_t missing = 0;
+  std::map<std::string, int64_t> repeated;  // folder -> images in it
+  for (const auto& f : files) {
+    if (!is_image_path(f)) continue;
+    const fs::path relative = f.lexically_relative(dir);
+    const std::string top = relative.begin()->string();
+    const bool in_a_folder = std::next(relative.begin()) != relative.end();
+    const std::optional<KohyaFolder> folder = in_a_folder ? kohya_folder(top) : std::nullopt;
+    if (folder) ++repeated[top];
+    if (folder && folder->repeats == 0) continue;  // kohya skips such a folder
+    int64_t no_caption_file = 0;
+    std::string caption = kohya_caption(f, no_caption_file);
+    if (no_caption_file && folder && !folder->class_tokens.empty())
+      caption = folder->class_tokens;
+    else
+      missing += no_caption_file;
+    images.push_back({{f, {caption}}, folder ? folder->repeats : 1});
+  }
+  for (const auto& [name, count] : repeated) {
+    const int64_t repeats = kohya_folder(name)->repeats;
+    if (repeats == 0)
+      log::warn("{} {}: {} image(s) in {} are skipped (0 repeats, as kohya does)", flag, dir.string(), count, name);
+    else
+      log::info("{} {}: {} image(s) in {}, each {} time(s) per epoch", flag, dir.string(), count, name, repeats);
+  }
+  if (missing > 0)
+    log::warn("{} {}: {} image(s) have no caption file (.txt or .caption) and train with an empty caption", flag,
+              dir.string(), missing);
+  return images;
+}
+
+int64_t total_repeats(const std::vector<RepeatedImage>& images) {
+  int64_t total = 0;
+  for (const RepeatedImage& image : images) total += image.repeats;
+  return total;
+}
+
+// kohya's DreamBoothDataset: regularization images are taken in order, each with its repeats, until they make as
+// many samples as the training images (the rest are not used); if all of them make fewer, one more repeat each, in
+// order, until they do. An epoch then holds as many regularization samples as training samples.
+std::vector<RepeatedImage> balance_regularization(std::vector<RepeatedImage> reg, int64_t train_samples) {
+  std::vector<RepeatedImage> used;
+  int64_t n = 0;
+  for (RepeatedImage& image : reg) {
+    if (n >= train_samples) break;
+    n += image.repeats;
+    used.push_back(std::move(image));
+  }
+  for (size_t i = 0; n < train_samples; i = (i + 1) % used.size(), ++n) ++used[i].repeats;
+  return used;
+}
+
+void append_repeated(const std::vector<RepeatedImage>& images, std::vector<CaptionedImage>& samples) {
+  for (const RepeatedImage& image : images)
+    for (int64_t k = 0; k < image.repeats; ++k) samples.push_back(image.sample);
+}
+
+// The regularization images of `o.reg_data_dir` balanced against `train_samples`, with the prior loss weight.
+std::vector<RepeatedImage> regularization_images(const ImageFolderOptions& o, int64_t train_samples) {
+  SD_CHECK(fs::is_directory(o.reg_data_dir), "--reg_data_dir {}: not a directory", o.reg_data_dir.string());
+  std::vector<RepeatedImage> reg =
+      list_kohya(o.reg_data_dir, files_under(o.reg_data_dir, o.skip_dir), "--reg_data_dir");
+  SD_CHECK(!reg.empty(), "--reg_data_dir {}: no images", o.reg_data_dir.string());
+  for (RepeatedImage& image : reg) image.sample.loss_weight = o.prior_loss_weight;
+  const size_t listed = reg.size();
+  std::vector<RepeatedImage> used = balance_regularization(std::move(reg), train_samples);
+  if (used.size() < listed)
+    log::warn(
+        "--reg_data_dir {}: {} of {} image(s) are not used: the others already make {} samples, as many as the "
+        "training images (kohya's balance)",
+        o.reg_data_dir.string(), listed - used.size(), listed, total_repeats(used));
+  log::info("--reg_data_dir {}: {} image(s) make {} regularization samples per epoch, loss weight {}",
+            o.reg_data_dir.string(), used.size(), total_repeats(used), o.prior_loss_weight);
+  return used;
+}
+
 }  // namespace
 
 ImageFolderDataset::ImageFolderDataset(const ImageFolderOptions& o) {
@@ -141,54 +229,19 @@ ImageFolderDataset::ImageFolderDataset(const ImageFolderOptions& o) {
     }
   } else {
     layout_ = "kohya";
-    list_kohya(o, files);
+    append_repeated(list_kohya(o.data_dir, files, "--train_data_dir"), samples_);
   }
   SD_CHECK(!samples_.empty(),
            "--train_data_dir {}: no training images (expected images with a metadata.jsonl or metadata.csv, the "
            "Hugging Face imagefolder layout, or images with .txt captions beside them)",
            o.data_dir.string());
-}
-
-// Images with caption files beside them; those in a top-level "N_tokens" folder N times each, as kohya's
-// DreamBooth datasets, with "tokens" as the caption of those without a caption file.
-void ImageFolderDataset::list_kohya(const ImageFolderOptions& o, const std::vector<fs::path>& files) {
-  int64_t missing = 0;
-  std::map<std::string, int64_t> repeated;  // folder -> images in it
-  for (const auto& f : files) {
-    if (!is_image_path(f)) continue;
-    const fs::path relative = f.lexically_relative(o.data_dir);
-    const std::string top = relative.begin()->string();
-    const bool in_a_folder = std::next(relative.begin()) != relative.end();
-    const std::optional<KohyaFolder> folder = in_a_folder ? kohya_folder(top) : std::nullopt;
-    if (folder) ++repeated[top];
-    if (folder && folder->repeats == 0) continue;  // kohya skips such a folder
-    int64_t no_caption_file = 0;
-    std::string caption = kohya_caption(f, no_caption_file);
-    if (no_caption_file && folder && !folder->class_tokens.empty())
-      caption = folder->class_tokens;
-    else
-      missing += no_caption_file;
-    for (int64_t k = 0; k < (folder ? folder->repeats : 1); ++k) samples_.push_back({f, {caption}});
-  }
-  for (const auto& [name, count] : repeated) {
-    const int64_t repeats = kohya_folder(name)->repeats;
-    if (repeats == 0)
-      log::warn("--train_data_dir {}: {} image(s) in {} are skipped (0 repeats, as kohya does)", o.data_dir.string(),
-                count, name);
-    else
-      log::info("--train_data_dir {}: {} image(s) in {}, each {} time(s) per epoch", o.data_dir.string(), count, name,
-                repeats);
-  }
-  if (missing > 0)
-    log::warn(
-        "--train_data_dir {}: {} image(s) have no caption file (.txt or .caption) and train with an empty "
-        "caption",
-        o.data_dir.string(), missing);
+  if (!o.reg_data_dir.empty())
+    append_repeated(regularization_images(o, static_cast<int64_t>(samples_.size())), samples_);
 }
 
 EncodedSample ImageFolderDataset::read(int64_t index) const {
   const CaptionedImage& sample = samples_.at(index);
-  return {io::read_text_file(sample.image), sample.captions};
+  return {io::read_text_file(sample.image), sample.captions, sample.loss_weight};
 }
 
 std::string ImageFolderDataset::image_head(int64_t index, uint64_t bytes) const {

@@ -5,7 +5,8 @@
 //     (or metadata.csv, whose header row names the columns);
 //   kohya: every image with a caption file of the same stem beside it (img.png + img.txt or img.caption); a top-level
 //     folder named "N_tokens" (kohya's DreamBooth layout) repeats its images N times per epoch and captions those
-//     without a caption file with "tokens".
+//     without a caption file with "tokens". Regularization images (kohya's --reg_data_dir, DreamBooth's prior
+//     preservation) are another such folder, balanced against the training images as kohya does.
 // Only the listing happens here; images are read and decoded when a sample is loaded.
 #pragma once
 #include <filesystem>
@@ -19,19 +20,23 @@ namespace sd::data {
 struct CaptionedImage {
   std::filesystem::path image;
   std::vector<std::string> captions;  // one of them is the sample's caption
+  double loss_weight = 1.0;           // --prior_loss_weight for a regularization image
 };
 
 struct ImageFolderOptions {
   std::filesystem::path data_dir;
   std::string image_column = "image";  // "image" is imagefolder's name for the file_name column
   std::string caption_column = "text";
-  std::filesystem::path skip_dir;  // a folder inside data_dir that is not listed (the run's output_dir)
+  std::filesystem::path skip_dir;      // a folder inside data_dir that is not listed (the run's output_dir)
+  std::filesystem::path reg_data_dir;  // kohya's layout; none when empty
+  double prior_loss_weight = 1.0;      // the loss weight of its images
 };
 
 class ImageFolderDataset : public ImageCaptionDataset {
  public:
-  // Lists the folder. Throws sd::Error naming the folder or file for: no such folder, no images, a metadata line
-  // that is not JSON or lacks the columns, a caption of the wrong type, an image named but missing.
+  // Lists the folder, then the regularization images after its own. Throws sd::Error naming the folder or file for:
+  // no such folder, no images, a metadata line that is not JSON or lacks the columns, a caption of the wrong type,
+  // an image named but missing.
   explicit ImageFolderDataset(const ImageFolderOptions& options);
 
   int64_t size() const override { return static_cast<int64_t>(samples_.size()); }
@@ -42,8 +47,6 @@ class ImageFolderDataset : public ImageCaptionDataset {
   void select(const std::vector<int64_t>& indices) override { keep_indices(samples_, indices); }
 
  private:
-  void list_kohya(const ImageFolderOptions& options, const std::vector<std::filesystem::path>& files);
-
   std::vector<CaptionedImage> samples_;
   std::string layout_;
 };

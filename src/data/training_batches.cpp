@@ -71,9 +71,11 @@ ImageCaptionSource::ImageCaptionSource(std::unique_ptr<ImageCaptionDataset> data
 TrainingBatch ImageCaptionSource::load(const BatchRequest& request) const {
   std::vector<at::Tensor> pixels;
   std::vector<std::vector<int64_t>> ids;
+  std::vector<double> weights;
   for (size_t j = 0; j < request.indices.size(); ++j) {
     const SampleStreams streams{seed_, request.step, request.first_position + static_cast<int64_t>(j)};
     const DecodedSample sample = dataset_->decode(request.indices[j]);
+    weights.push_back(sample.loss_weight);
     at::Generator augment = streams(Stream::kAugment);
     pixels.push_back(request.bucket < 0 ? train_transform(sample.image, options_.transform, augment)
                                         : bucket_transform(sample.image, options_.buckets.at(request.bucket),
@@ -86,6 +88,8 @@ TrainingBatch ImageCaptionSource::load(const BatchRequest& request) const {
   TrainingBatch batch;
   batch.pixel_values = at::stack(pixels);
   batch.input_ids = ids_tensor(ids);
+  if (std::any_of(weights.begin(), weights.end(), [](double w) { return w != 1.0; }))
+    batch.loss_weights = at::tensor(weights, at::kDouble).to(at::kFloat);
   return batch;
 }
 

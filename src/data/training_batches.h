@@ -36,6 +36,7 @@ struct TrainingBatch {
   at::Tensor latents;                  // [B, C, h, w] float32, already times the VAE's scaling factor;
   at::Tensor encoder_hidden_states;    // [B, 77, D] with either form of latents
   at::Tensor noise, timesteps;         // replay only: the reference's draws
+  at::Tensor loss_weights;             // [B] float32 when some sample weighs other than 1 (--prior_loss_weight)
 };
 
 // latents = (mean + std * eps) * scaling_factor, eps drawn per sample from its kPosterior stream: the same draw

@@ -36,8 +36,8 @@ int loader_threads(const TrainingDataOptions& o) { return std::max(1, o.dataload
 
 std::unique_ptr<ImageCaptionDataset> open_image_captions(const TrainingDataOptions& o, int threads) {
   if (!o.train_data_dir.empty())
-    return std::make_unique<ImageFolderDataset>(
-        ImageFolderOptions{o.train_data_dir, o.image_column, o.caption_column, o.output_dir});
+    return std::make_unique<ImageFolderDataset>(ImageFolderOptions{o.train_data_dir, o.image_column, o.caption_column,
+                                                                   o.output_dir, o.reg_data_dir, o.prior_loss_weight});
   return std::make_unique<WebDatasetShards>(resolve_shards(o.train_shards), o.caption_column, threads);
 }
 
@@ -69,6 +69,8 @@ void check_flags_fit(const TrainingDataOptions& o, DataKind kind) {
   SD_CHECK(captions || (o.captions.dropout_probability == 0 && !o.captions.shuffle && !o.enable_bucket),
            "--caption_dropout_probability, --shuffle_caption and --enable_bucket need real data (--train_data_dir, "
            "--train_shards or --train_latents)");
+  SD_CHECK(kind == DataKind::kImageFolder || o.reg_data_dir.empty(),
+           "--reg_data_dir needs --train_data_dir: its images are balanced against that folder's, as kohya does");
   SD_CHECK(kind != DataKind::kLatents || !o.captions.shuffle,
            "--shuffle_caption needs captions as text; --train_latents holds them encoded");
   SD_CHECK(kind != DataKind::kLatents || !o.transform.random_flip,
@@ -85,8 +87,9 @@ TrainingData open_images(const TrainingDataOptions& o, const text::ClipTokenizer
                          const BatchLayout& layout, int rank) {
   std::unique_ptr<ImageCaptionDataset> dataset = open_image_captions(o, loader_threads(o));
   if (o.max_train_samples) dataset->select(random_subset(dataset->size(), *o.max_train_samples, seed));
-  log::info("{} training images ({} layout) in {}", dataset->size(), dataset->layout(),
-            o.train_data_dir.empty() ? o.train_shards : o.train_data_dir);
+  log::info("{} training images ({} layout) in {}{}", dataset->size(), dataset->layout(),
+            o.train_data_dir.empty() ? o.train_shards : o.train_data_dir,
+            o.reg_data_dir.empty() ? "" : " and " + o.reg_data_dir);
   ImageCaptionSourceOptions source;
   source.transform = o.transform;
   source.captions = o.captions;

@@ -17,6 +17,8 @@ namespace sd::data {
 // The data flags; field names are the flags'.
 struct TrainingDataOptions {
   std::string train_data_dir;
+  std::string reg_data_dir;        // kohya's regularization images, beside --train_data_dir
+  double prior_loss_weight = 1.0;  // their loss weight
   std::string output_dir;      // the run's own, left out of a --train_data_dir that holds it (its images are outputs)
   std::string train_shards;    // a shard pattern (data/shard_pattern.h)
   std::string train_latents;   // a `sdtrain preprocess` output

@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include "io/image.h"
+#include "models/model_test_util.h"
 #include "test_util.h"
 
 namespace sd::data {
@@ -57,6 +58,55 @@ TEST(ImageFolderDataset, KohyaRepeatFoldersRepeatAndCaptionTheirImages) {
                                       "a.png: a photo of sks dog", "a.png: a photo of sks dog", "b.png: sks dog",
                                       "b.png: sks dog", "b.png: sks dog",
                                       "5_not_a_folder.png: an image at the top, once", "d.png: once"}));
+}
+
+// Each sample's file, caption and loss weight, in order.
+std::vector<std::string> weighted_samples(const ImageFolderDataset& dataset) {
+  std::vector<std::string> out;
+  for (int64_t k = 0; k < dataset.size(); ++k) {
+    const EncodedSample sample = dataset.read(k);
+    out.push_back(fmt::format("{}: {} x{}", fs::path(dataset.describe(k)).filename().string(), sample.captions.at(0),
+                              sample.loss_weight));
+  }
+  return out;
+}
+
+// kohya's regularization images (--reg_data_dir, DreamBooth's prior preservation): after the training images, with
+// --prior_loss_weight, balanced to as many samples as the training images. Fewer: each gets one more repeat in turn
+// until they match. More: those in order until they match (the last may overshoot with its repeats), the rest unused.
+TEST(ImageFolderDataset, RegularizationImagesAreBalancedAgainstTheTrainingImagesAsKohyaDoes) {
+  sd::test::TempDir dir;
+  const fs::path train = dir.path() / "train", few = dir.path() / "few", many = dir.path() / "many";
+  write_captioned_png(train / "3_sks dog" / "a.png", "sks dog");
+  write_captioned_png(train / "3_sks dog" / "b.png", "sks dog");  // 6 training samples
+  io::save_png(few / "1_dog" / "r1.png", io::RgbImage{4, 4, std::vector<uint8_t>(4 * 4 * 3, 7)});
+  io::save_png(few / "1_dog" / "r2.png", io::RgbImage{4, 4, std::vector<uint8_t>(4 * 4 * 3, 7)});
+  write_captioned_png(few / "2_cat" / "r3.png", "a cat");  // 1 + 1 + 2 = 4 regularization samples
+  const ImageFolderDataset balanced({train, "image", "text", {}, few, 0.5});
+  EXPECT_EQ(
+      weighted_samples(balanced),
+      (std::vector<std::string>{"a.png: sks dog x1", "a.png: sks dog x1", "a.png: sks dog x1", "b.png: sks dog x1",
+                                "b.png: sks dog x1", "b.png: sks dog x1", "r1.png: dog x0.5", "r1.png: dog x0.5",
+                                "r2.png: dog x0.5", "r2.png: dog x0.5", "r3.png: a cat x0.5", "r3.png: a cat x0.5"}));
+
+  for (const char* name : {"r1.png", "r2.png", "r3.png", "r4.png"})
+    io::save_png(many / "5_dog" / name, io::RgbImage{4, 4, std::vector<uint8_t>(4 * 4 * 3, 7)});
+  const ImageFolderDataset truncated({train, "image", "text", {}, many, 2.0});
+  // 5 repeats of r1 make 5 < 6; r2's make 10; r3 and r4 are not used.
+  std::vector<std::string> expected(5, "r1.png: dog x2");
+  expected.insert(expected.end(), 5, "r2.png: dog x2");
+  const std::vector<std::string> samples = weighted_samples(truncated);
+  EXPECT_EQ(std::vector<std::string>(samples.begin() + 6, samples.end()), expected);
+
+  EXPECT_EQ(sd::test::error_message([&] {
+              ImageFolderDataset({train, "image", "text", {}, dir.path() / "none"});
+            }),
+            "--reg_data_dir " + (dir.path() / "none").string() + ": not a directory");
+  fs::create_directories(dir.path() / "empty" / "1_dog");
+  EXPECT_EQ(sd::test::error_message([&] {
+              ImageFolderDataset({train, "image", "text", {}, dir.path() / "empty"});
+            }),
+            "--reg_data_dir " + (dir.path() / "empty").string() + ": no images");
 }
 
 // Hugging Face imagefolder's other metadata format: a header row, then file_name and caption per row.

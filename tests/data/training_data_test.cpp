@@ -1,5 +1,6 @@
 // What the data flags do to the micro-batches `sdtrain train` gets: caption dropout and kohya's tag shuffling reach
-// the token ids, and with aspect-ratio buckets every micro-batch holds images of its bucket's size.
+// the token ids, with aspect-ratio buckets every micro-batch holds images of its bucket's size, and regularization
+// images carry their loss weight.
 #include "data/training_data.h"
 
 #include <algorithm>
@@ -113,6 +114,57 @@ TEST(TrainingData, WithBucketsEachMicroBatchHasItsBucketsSize) {
     seen.insert({bucket.width, bucket.height});
   }
   EXPECT_EQ(seen, (std::set<std::pair<int, int>>{{48, 80}, {64, 64}, {80, 48}}));
+}
+
+// --reg_data_dir: a micro-batch holding regularization images carries --prior_loss_weight for them and 1 for the
+// training images; one holding training images alone carries no weights (the unweighted loss). Other sources refuse
+// the flag.
+TEST(TrainingData, RegularizationImagesCarryThePriorLossWeight) {
+  sd::test::TempDir dir;
+  for (int i = 0; i < 2; ++i) {
+    sd::test::write_pattern_png(dir.path() / "train" / "2_sks" / fmt::format("t{}.png", i), 40, 36, 3 + i);
+    sd::test::write_pattern_png(dir.path() / "reg" / "1_dog" / fmt::format("r{}.png", i), 40, 36, 7 + i);
+  }
+  TrainingDataOptions o;
+  o.train_data_dir = (dir.path() / "train").string();
+  o.reg_data_dir = (dir.path() / "reg").string();
+  o.prior_loss_weight = 0.3;
+  o.transform = {32, /*center_crop=*/true, /*random_flip=*/false};
+  const text::ClipTokenizer tok = tokenizer();
+  const uint64_t seed = 5;  // read by the source at each request
+  TrainingData data = open_training_data(o, tok, {}, seed, BatchLayout{2, 1, 1}, 0);
+  int weighted = 0, unweighted = 0;
+  for (int64_t step = 0; step < 8; ++step) {  // two epochs of 4 training + 4 regularization samples
+    const BatchRequest request = data.planner->plan(step, 0);
+    const TrainingBatch batch = data.source->get(request);
+    std::vector<float> expected;
+    for (int64_t i : request.indices) expected.push_back(i >= 4 ? 0.3f : 1.0f);  // samples 4.. are regularization
+    if (std::all_of(expected.begin(), expected.end(), [](float w) { return w == 1.0f; })) {
+      EXPECT_FALSE(batch.loss_weights.defined()) << step;
+      ++unweighted;
+      continue;
+    }
+    ASSERT_TRUE(batch.loss_weights.defined()) << step;
+    EXPECT_TRUE(at::equal(batch.loss_weights, at::tensor(expected))) << step;
+    ++weighted;
+  }
+  EXPECT_GT(weighted, 0);
+  EXPECT_GT(unweighted, 0);
+
+  o.train_shards = o.train_data_dir;
+  o.train_data_dir.clear();
+  EXPECT_THROW(
+      {
+        try {
+          open_training_data(o, tok, {}, seed, BatchLayout{2, 1, 1}, 0);
+        } catch (const Error& e) {
+          EXPECT_STREQ(e.what(),
+                       "--reg_data_dir needs --train_data_dir: its images are balanced against that folder's, as kohya "
+                       "does");
+          throw;
+        }
+      },
+      Error);
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // End-to-end: data at pretraining scale on tiny-sd1. Training straight from WebDataset shards (2 ranks = 1 rank
 // with accumulation, resume from a mid-epoch checkpoint bit for bit), `sdtrain preprocess` on 2 ranks killed and
 // rerun (every input encoded exactly once) and training from its latents equal to training on the images, bucketed
-// training on mixed aspect ratios (2 ranks = 1 rank), and the errors for bad data.
+// training on mixed aspect ratios (2 ranks = 1 rank), regularization images (kohya's --reg_data_dir), and the errors
+// for bad data.
 #include <csignal>
 #include <fstream>
 #include <map>
@@ -244,6 +245,39 @@ TEST(TrainDataE2E, BucketedTrainingOnMixedAspectRatiosOnTwoRanksAsOnOne) {
   expect_same_weights(dir.path() / "single", dir.path() / "multi");
 }
 
+// kohya's regularization images (--reg_data_dir, DreamBooth's prior preservation) train as more samples after the
+// training images: with --prior_loss_weight 1, a regularization folder holding the training images gives the run a
+// training folder holding them twice gives, bit for bit; with another weight it trains otherwise.
+TEST(TrainDataE2E, RegularizationImagesTrainAfterTheTrainingImagesWithTheirWeight) {
+  sd::test::TempDir dir;
+  const fs::path train = dir.path() / "train", reg = dir.path() / "reg", both = dir.path() / "both";
+  for (int i = 0; i < 2; ++i) {
+    for (const fs::path& folder : {train / "2_a", reg / "2_a", both / "2_a", both / "2_b"}) {
+      sd::test::write_pattern_png(folder / fmt::format("p{}.png", i), 40, 36, 3 + i);
+      std::ofstream(folder / fmt::format("p{}.txt", i)) << "pattern " << i;
+    }
+  }
+  auto flags = [&](const fs::path& out, std::vector<std::string> data) {
+    for (const char* flag : {"--resolution=32", "--center_crop", "--train_batch_size=2", "--max_train_steps=4",
+                             "--learning_rate=1e-3", "--lr_warmup_steps=0", "--seed=4"})
+      data.push_back(flag);
+    data.push_back("--output_dir=" + out.string());
+    return sdtrain("train", data);
+  };
+  const auto r = sd::test::run_process(
+      flags(dir.path() / "with_reg", {"--train_data_dir=" + train.string(), "--reg_data_dir=" + reg.string()}), 300s);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("2 image(s) make 4 regularization samples per epoch, loss weight 1"), std::string::npos)
+      << r.output;
+  run_ok(flags(dir.path() / "twice", {"--train_data_dir=" + both.string()}));
+  run_ok(flags(dir.path() / "weighted",
+               {"--train_data_dir=" + train.string(), "--reg_data_dir=" + reg.string(), "--prior_loss_weight=0.25"}));
+  const io::TensorMap with_reg = unet_of(dir.path() / "with_reg"), twice = unet_of(dir.path() / "twice"),
+                      weighted = unet_of(dir.path() / "weighted");
+  for (const auto& [name, t] : with_reg) EXPECT_TRUE(at::equal(t, twice.at(name))) << name;
+  EXPECT_FALSE(at::equal(with_reg.at("conv_in.weight"), weighted.at("conv_in.weight")));
+}
+
 // A rerun keeps finished shards only when they hold the same samples encoded by the same model: an interrupted
 // preprocess rerun over other images of the same count, or with another model, would mix two datasets or two
 // latent spaces into one directory.
@@ -304,6 +338,10 @@ TEST(TrainDataE2E, BadDataIsOneErrorLine) {
   expect_error("train", {"--train_shards=x.tar", "--train_data_dir=y", out_flag}, "give exactly one of");
   expect_error("train", {"--synthetic_data=latents", "--enable_bucket", out_flag}, "--enable_bucket need real data");
   expect_error("preprocess", {out_flag}, "give exactly one of --train_data_dir and --train_shards");
+  expect_error("train", {"--synthetic_data=images", "--reg_data_dir=" + dir.path().string(), out_flag},
+               "--reg_data_dir needs --train_data_dir");
+  expect_error("train", {"--train_data_dir=" + dir.path().string(), "--prior_loss_weight=-1", out_flag},
+               "--prior_loss_weight: -1 is not a number >= 0");
 
   // Latents of several sizes, as bucketed preprocessing writes them, train only with --enable_bucket.
   const fs::path images = dir.path() / "images", latents = dir.path() / "latents";

@@ -46,7 +46,7 @@ void DenoisingLoss::apply_dream(at::Tensor& noisy, at::Tensor& target, const at:
 }
 
 DenoisingLossResult DenoisingLoss::operator()(const at::Tensor& latents_in, const at::Tensor& encoder_hidden_states,
-                                              const DenoisingDraws& draws) {
+                                              const DenoisingDraws& draws, const at::Tensor& loss_weights) {
   at::Tensor noisy, target;
   {
     at::NoGradGuard no_grad;
@@ -64,13 +64,19 @@ DenoisingLossResult DenoisingLoss::operator()(const at::Tensor& latents_in, cons
   }
   const at::Tensor model_pred = predict(noisy, draws.timesteps, encoder_hidden_states);
   DenoisingLossResult result;
-  if (!options_.snr_gamma) {
+  if (!options_.snr_gamma && !loss_weights.defined()) {
     result.loss = at::mse_loss(model_pred, target);
     return result;
   }
-  result.snr_weights = min_snr_weights(alphas_cumprod_, draws.timesteps, *options_.snr_gamma, options_.prediction_type);
-  const at::Tensor per_sample = at::mse_loss(model_pred, target, at::Reduction::None).mean({1, 2, 3});
-  result.loss = (per_sample * result.snr_weights).mean();
+  // kohya's order: the per-sample mse times the loss weights, then times the min-SNR weights, then the mean.
+  at::Tensor per_sample = at::mse_loss(model_pred, target, at::Reduction::None).mean({1, 2, 3});
+  if (loss_weights.defined()) per_sample = per_sample * loss_weights.to(at::kFloat);
+  if (options_.snr_gamma) {
+    result.snr_weights =
+        min_snr_weights(alphas_cumprod_, draws.timesteps, *options_.snr_gamma, options_.prediction_type);
+    per_sample = per_sample * result.snr_weights;
+  }
+  result.loss = per_sample.mean();
   return result;
 }
 

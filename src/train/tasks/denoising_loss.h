@@ -7,7 +7,8 @@
 //     delta   = (noise - unet(noisy, t, text) without gradient) * sqrt(1 - acp[t])^dream_detail_preservation
 //     noisy  += sqrt(1 - acp[t]) * delta,  target += delta
 //   loss      = mse(unet(noisy, t, text), target), or with snr_gamma the min-SNR weighted mean
-//               (arXiv 2303.09556): per-sample mse * min(snr, gamma) / snr, snr + 1 for v_prediction.
+//               (arXiv 2303.09556): per-sample mse * min(snr, gamma) / snr, snr + 1 for v_prediction;
+//               with loss weights (kohya's --prior_loss_weight) each sample's mse times its weight, then the mean.
 // Latents, noise and targets stay float32; the UNet runs in its compute dtype; the loss is float32.
 #pragma once
 #include <ATen/ATen.h>
@@ -49,9 +50,10 @@ class DenoisingLoss {
   // Throws sd::Error for a prediction type other than epsilon and v_prediction.
   DenoisingLoss(models::UNet2DConditionModel unet, at::Tensor alphas_cumprod, DenoisingLossOptions options);
 
-  // latents: [N, C, h, w] (already times the VAE's scaling factor); encoder_hidden_states: [N, L, D].
+  // latents: [N, C, h, w] (already times the VAE's scaling factor); encoder_hidden_states: [N, L, D];
+  // loss_weights: [N] float32, or undefined for all 1.
   DenoisingLossResult operator()(const at::Tensor& latents, const at::Tensor& encoder_hidden_states,
-                                 const DenoisingDraws& draws);
+                                 const DenoisingDraws& draws, const at::Tensor& loss_weights = {});
 
   const DenoisingLossOptions& options() const { return options_; }
 

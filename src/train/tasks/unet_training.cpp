@@ -158,7 +158,7 @@ at::Tensor UNetTrainingTask::micro_batch_loss(int64_t step, int64_t micro) {
   if (batch.latent_mean.defined())
     batch.latents =
         data::sample_posterior(batch.latent_mean, batch.latent_std, vae_config_.scaling_factor, context_.seed, request);
-  return (*loss_)(batch.latents, batch.encoder_hidden_states, draw(batch, request)).loss;
+  return (*loss_)(batch.latents, batch.encoder_hidden_states, draw(batch, request), batch.loss_weights).loss;
 }
 
 void UNetTrainingTask::after_step(const StepReport& r) {
