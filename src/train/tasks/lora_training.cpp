@@ -189,6 +189,7 @@ std::map<std::string, std::string> LoraTrainingTask::kohya_metadata() const {
       {"ss_resolution", fmt::format("({0}, {0})", o_.data.transform.resolution)},
       {"ss_num_train_images", std::to_string(dataset_size())},
       {"ss_noise_offset", py_float(o_.noise_offset)},
+      {"ss_prior_loss_weight", py_float(o_.data.prior_loss_weight)},
       {"ss_optimizer", "torch.optim.adamw.AdamW"},
       {"ss_output_name", folder_name(output_dir_)},
   };
