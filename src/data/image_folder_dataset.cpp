@@ -190,9 +190,14 @@ void append_repeated(const std::vector<RepeatedImage>& images, std::vector<Capti
     for (int64_t k = 0; k < image.repeats; ++k) samples.push_back(image.sample);
 }
 
+// Whether folder `inner` is `outer` or lies inside it (both existing).
+bool is_within(const fs::path& inner, const fs::path& outer) {
+  const fs::path a = fs::canonical(inner), b = fs::canonical(outer);
+  return std::mismatch(b.begin(), b.end(), a.begin(), a.end()).first == b.end();
+}
+
 // The regularization images of `o.reg_data_dir` balanced against `train_samples`, with the prior loss weight.
 std::vector<RepeatedImage> regularization_images(const ImageFolderOptions& o, int64_t train_samples) {
-  SD_CHECK(fs::is_directory(o.reg_data_dir), "--reg_data_dir {}: not a directory", o.reg_data_dir.string());
   std::vector<RepeatedImage> reg =
       list_kohya(o.reg_data_dir, files_under(o.reg_data_dir, o.skip_dir), "--reg_data_dir");
   SD_CHECK(!reg.empty(), "--reg_data_dir {}: no images", o.reg_data_dir.string());
@@ -213,6 +218,13 @@ std::vector<RepeatedImage> regularization_images(const ImageFolderOptions& o, in
 
 ImageFolderDataset::ImageFolderDataset(const ImageFolderOptions& o) {
   SD_CHECK(fs::is_directory(o.data_dir), "--train_data_dir {}: not a directory", o.data_dir.string());
+  if (!o.reg_data_dir.empty()) {
+    SD_CHECK(fs::is_directory(o.reg_data_dir), "--reg_data_dir {}: not a directory", o.reg_data_dir.string());
+    SD_CHECK(!is_within(o.reg_data_dir, o.data_dir) && !is_within(o.data_dir, o.reg_data_dir),
+             "--reg_data_dir {} and --train_data_dir {} overlap: the regularization images would also train as "
+             "training images; keep the two folders apart",
+             o.reg_data_dir.string(), o.data_dir.string());
+  }
   const std::vector<fs::path> files = files_under(o.data_dir, o.skip_dir);
   std::vector<fs::path> metadata;
   for (const auto& f : files)

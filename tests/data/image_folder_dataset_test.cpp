@@ -102,6 +102,12 @@ TEST(ImageFolderDataset, RegularizationImagesAreBalancedAgainstTheTrainingImages
               ImageFolderDataset({train, "image", "text", {}, dir.path() / "none"});
             }),
             "--reg_data_dir " + (dir.path() / "none").string() + ": not a directory");
+  EXPECT_EQ(sd::test::error_message([&] {
+              ImageFolderDataset({train, "image", "text", {}, train / "3_sks dog"});
+            }),
+            "--reg_data_dir " + (train / "3_sks dog").string() + " and --train_data_dir " + train.string() +
+                " overlap: the regularization images would also train as training images; keep the two folders "
+                "apart");
   fs::create_directories(dir.path() / "empty" / "1_dog");
   EXPECT_EQ(sd::test::error_message([&] {
               ImageFolderDataset({train, "image", "text", {}, dir.path() / "empty"});
