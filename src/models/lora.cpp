@@ -82,14 +82,11 @@ void LoraHost::add_adapter(LoraAdapter adapter, const std::string& what) {
 void LoraHost::merge_adapters() {
   at::NoGradGuard no_grad;
   at::Tensor& weight = base_weight();
-  // At least float32 (as diffusers' _fuse_lora), so a bf16 weight gets the sum rounded once.
+  // Each adapter's product added in at least float32, then rounded to the weight's dtype: diffusers 0.24's _fuse_lora
+  // for its one adapter per layer.
   const at::ScalarType dtype = at::promote_types(weight.scalar_type(), at::kFloat);
-  at::Tensor merged = weight.to(dtype);
-  for (const LoraAdapter& a : adapters_) {
-    const at::Tensor product = at::mm(a.up.to(dtype).flatten(1), a.down.to(dtype).flatten(1));
-    merged.add_(product.view(weight.sizes()), a.multiplier());
-  }
-  weight.copy_(merged);
+  for (const LoraAdapter& a : adapters_)
+    add_in_float32(weight, at::mm(a.up.to(dtype).flatten(1), a.down.to(dtype).flatten(1)), a.multiplier());
   adapters_.clear();
 }
 
