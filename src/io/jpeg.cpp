@@ -1,6 +1,7 @@
 #include "io/jpeg.h"
 
 #include <csetjmp>
+#include <cstdlib>
 #include <cstdio>  // jpeglib.h uses FILE without including it
 #include <vector>
 
@@ -110,6 +111,51 @@ class JpegReader {
   std::vector<uint8_t> cmyk_row_;
 };
 
+// One compression into memory; errors longjmp back as JpegReader's do (libjpeg's are only allocation failures here).
+class JpegWriter {
+ public:
+  JpegWriter() {
+    info_.err = jpeg_std_error(&errors_);
+    errors_.error_exit = &JpegWriter::on_error;
+    info_.client_data = this;
+  }
+  ~JpegWriter() {
+    jpeg_destroy_compress(&info_);
+    std::free(buffer_);  // jpeg_mem_dest's buffer is the caller's to free
+  }
+  JpegWriter(const JpegWriter&) = delete;
+  JpegWriter& operator=(const JpegWriter&) = delete;
+
+  bool write(const RgbImage& image, int quality) {
+    if (setjmp(jump_)) return false;
+    jpeg_create_compress(&info_);
+    jpeg_mem_dest(&info_, &buffer_, &size_);
+    info_.image_width = static_cast<JDIMENSION>(image.width);
+    info_.image_height = static_cast<JDIMENSION>(image.height);
+    info_.input_components = 3;
+    info_.in_color_space = JCS_RGB;
+    jpeg_set_defaults(&info_);
+    jpeg_set_quality(&info_, quality, TRUE);
+    jpeg_start_compress(&info_, TRUE);
+    while (info_.next_scanline < info_.image_height) {
+      auto* row = const_cast<JSAMPLE*>(image.row(static_cast<int>(info_.next_scanline)));
+      jpeg_write_scanlines(&info_, &row, 1);
+    }
+    jpeg_finish_compress(&info_);
+    return true;
+  }
+  std::string bytes() const { return {reinterpret_cast<const char*>(buffer_), size_}; }
+
+ private:
+  static void on_error(j_common_ptr info) { std::longjmp(static_cast<JpegWriter*>(info->client_data)->jump_, 1); }
+
+  jpeg_compress_struct info_{};
+  jpeg_error_mgr errors_{};
+  std::jmp_buf jump_{};
+  unsigned char* buffer_ = nullptr;
+  unsigned long size_ = 0;  // NOLINT(google-runtime-int): jpeg_mem_dest's type
+};
+
 }  // namespace
 
 std::optional<std::pair<int, int>> jpeg_size(std::string_view head) {
@@ -127,6 +173,12 @@ RgbImage decode_jpeg(std::string_view bytes, const std::string& name) {
   SD_CHECK(reader.read_rgb(image.pixels.data()), "{}: cannot decode image (corrupt JPEG data: {})", name,
            reader.message());
   return image;
+}
+
+std::string encode_jpeg(const RgbImage& image, int quality) {
+  JpegWriter writer;
+  SD_CHECK(writer.write(image, quality), "cannot encode a {}x{} image as JPEG", image.width, image.height);
+  return writer.bytes();
 }
 
 }  // namespace sd::io

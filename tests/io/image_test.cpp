@@ -7,6 +7,7 @@
 #include <iterator>
 
 #include "core/error.h"
+#include "io/jpeg.h"
 #include "io/safetensors.h"
 #include "test_util.h"
 
@@ -185,6 +186,20 @@ TEST(Image, JpegVariantsDecodeExactlyAsPil) {
     const std::string pixels(image.pixels.begin(), image.pixels.end());
     EXPECT_TRUE(pixels == file_bytes(case_path.string() + ".rgb")) << name;
   }
+}
+
+TEST(Image, JpegEncodingWritesPilsBytes) {
+  // baseline_420.jpg is what Pillow's image.save(..., "JPEG", quality=75) wrote for make_cases.py's pattern(37, 23).
+  RgbImage pattern{37, 23, std::vector<uint8_t>(37 * 23 * 3)};
+  for (int y = 0; y < 23; ++y)
+    for (int x = 0; x < 37; ++x) {
+      uint8_t* p = pattern.row(y) + 3 * x;
+      p[0] = static_cast<uint8_t>((x * 7 + y * 3) % 256);
+      p[1] = static_cast<uint8_t>((x * y) % 256);
+      p[2] = static_cast<uint8_t>((x / 5 + y / 4) % 2 ? 255 : (y * 11) % 256);
+    }
+  EXPECT_TRUE(encode_jpeg(pattern, 75) == file_bytes(sd::test::fixtures() / "jpeg" / "baseline_420.jpg"));
+  EXPECT_FALSE(encode_jpeg(pattern, 90) == file_bytes(sd::test::fixtures() / "jpeg" / "baseline_420.jpg"));
 }
 
 TEST(Image, TruncatedJpegIsAnErrorAsInPil) {
