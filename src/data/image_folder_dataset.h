@@ -11,6 +11,7 @@
 #pragma once
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "data/image_caption_dataset.h"
@@ -38,6 +39,9 @@ class ImageFolderDataset : public ImageCaptionDataset {
   // no such folder, no images, a metadata line that is not JSON or lacks the columns, a caption of the wrong type,
   // an image named but missing.
   explicit ImageFolderDataset(const ImageFolderOptions& options);
+  // Images listed elsewhere (data/dreambooth_images.h), `layout` naming how.
+  ImageFolderDataset(std::vector<CaptionedImage> samples, std::string layout)
+      : samples_(std::move(samples)), layout_(std::move(layout)) {}
 
   int64_t size() const override { return static_cast<int64_t>(samples_.size()); }
   EncodedSample read(int64_t index) const override;

@@ -93,6 +93,11 @@ BatchPlanner::BatchPlanner(int64_t dataset_size, BatchLayout layout, int rank, c
                            std::vector<int32_t> bucket_of)
     : dataset_size_(dataset_size), layout_(layout), rank_(rank), seed_(seed), bucket_of_(std::move(bucket_of)) {}
 
+BatchPlanner::BatchPlanner(PriorPairs pairs, BatchLayout layout, int rank, const uint64_t& seed)
+    : BatchPlanner(pairs.count(), layout, rank, seed) {
+  pairs_ = pairs;
+}
+
 int64_t BatchPlanner::samples_per_epoch() const { return epoch_size(dataset_size_, bucket_of_, layout_.batch); }
 
 BatchRequest BatchPlanner::plan(int64_t step, int64_t micro) const {
@@ -103,6 +108,13 @@ BatchRequest BatchPlanner::plan(int64_t step, int64_t micro) const {
     sampler_seed_ = seed_;
   }
   request.indices = sampler_->micro_batch(step, micro, rank_);
+  if (pairs_) {
+    std::vector<int64_t> images;
+    for (int64_t k : request.indices) images.push_back(k % pairs_->instances);
+    for (int64_t k : request.indices) images.push_back(pairs_->instances + k % pairs_->classes);
+    request.indices = std::move(images);
+    request.first_position *= 2;
+  }
   if (!bucket_of_.empty()) request.bucket = bucket_of_[static_cast<size_t>(request.indices.front())];
   return request;
 }

@@ -8,8 +8,10 @@
 // bucket into micro-batches (a bucket's last incomplete one is left out), and these are put in an order drawn from
 // (seed, epoch) too. Every rank computes the same plan, so both properties survive bucketing.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 namespace sd::data {
@@ -57,9 +59,17 @@ class DistributedSampler {
 // run's seed takes effect.
 struct BatchRequest {
   int64_t step = 0, micro = 0;
-  int64_t first_position = 0;    // samples are positions first_position .. first_position + batch - 1
+  int64_t first_position = 0;    // sample j (one per index) is at position first_position + j
   std::vector<int64_t> indices;  // empty without a dataset
   int32_t bucket = -1;           // with aspect-ratio buckets, the one bucket of all its samples
+};
+
+// DreamBooth's prior preservation (diffusers' train_dreambooth.py): a dataset of `instances` instance images, then
+// `classes` class images, trained in pairs. Pair k is instance image k % instances with class image k % classes; an
+// epoch is max(instances, classes) pairs.
+struct PriorPairs {
+  int64_t instances = 0, classes = 0;
+  int64_t count() const { return std::max(instances, classes); }
 };
 
 class BatchPlanner {
@@ -67,6 +77,10 @@ class BatchPlanner {
   // `dataset_size` 0: no dataset (positions only). `bucket_of` as DistributedSampler's.
   BatchPlanner(int64_t dataset_size, BatchLayout layout, int rank, const uint64_t& seed,
                std::vector<int32_t> bucket_of = {});
+  // Plans pairs: the layout's batch counts pairs, and a micro-batch of B pairs holds their B instance images, then
+  // their B class images (the script's collate order), at positions 2 * p ... 2 * p + 2B - 1 for the pairs' first
+  // position p, so the samples of a step still each have positions (and random draws) of their own.
+  BatchPlanner(PriorPairs pairs, BatchLayout layout, int rank, const uint64_t& seed);
   // Samples in one epoch (0 without a dataset): the trainer counts epochs with it.
   int64_t samples_per_epoch() const;
   BatchRequest plan(int64_t step, int64_t micro) const;
@@ -80,6 +94,7 @@ class BatchPlanner {
   int rank_;
   const uint64_t& seed_;
   std::vector<int32_t> bucket_of_;
+  std::optional<PriorPairs> pairs_;
   mutable std::unique_ptr<DistributedSampler> sampler_;
   mutable uint64_t sampler_seed_ = 0;
 };

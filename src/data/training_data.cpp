@@ -13,6 +13,7 @@
 namespace sd::data {
 
 DataKind data_kind(const TrainingDataOptions& o) {
+  if (!o.dreambooth.instance_data_dir.empty()) return DataKind::kDreamBooth;  // `sdtrain dreambooth` takes no other
   const int given = !o.train_data_dir.empty() + !o.train_shards.empty() + !o.train_latents.empty() +
                     !o.synthetic_data.empty() + !o.replay_inputs.empty();
   SD_CHECK(given == 1,
@@ -29,7 +30,8 @@ DataKind data_kind(const TrainingDataOptions& o) {
 }
 
 bool needs_encoders(DataKind kind) {
-  return kind == DataKind::kImageFolder || kind == DataKind::kShards || kind == DataKind::kSyntheticImages;
+  return kind == DataKind::kImageFolder || kind == DataKind::kShards || kind == DataKind::kSyntheticImages ||
+         kind == DataKind::kDreamBooth;
 }
 
 int loader_threads(const TrainingDataOptions& o) { return std::max(1, o.dataloader_num_workers); }
@@ -83,6 +85,14 @@ LoaderOptions loader_options(const TrainingDataOptions& o, const BatchLayout& la
   return {loader_threads(o), static_cast<int>(2 * layout.accumulation + 2)};
 }
 
+ImageCaptionSourceOptions image_source_options(const TrainingDataOptions& o, const BatchLayout& layout) {
+  ImageCaptionSourceOptions source;
+  source.transform = o.transform;
+  source.captions = o.captions;
+  source.loader = loader_options(o, layout);
+  return source;
+}
+
 TrainingData open_images(const TrainingDataOptions& o, const text::ClipTokenizer& tokenizer, const uint64_t& seed,
                          const BatchLayout& layout, int rank) {
   std::unique_ptr<ImageCaptionDataset> dataset = open_image_captions(o, loader_threads(o));
@@ -90,10 +100,7 @@ TrainingData open_images(const TrainingDataOptions& o, const text::ClipTokenizer
   log::info("{} training images ({} layout) in {}{}", dataset->size(), dataset->layout(),
             o.train_data_dir.empty() ? o.train_shards : o.train_data_dir,
             o.reg_data_dir.empty() ? "" : " and " + o.reg_data_dir);
-  ImageCaptionSourceOptions source;
-  source.transform = o.transform;
-  source.captions = o.captions;
-  source.loader = loader_options(o, layout);
+  ImageCaptionSourceOptions source = image_source_options(o, layout);
   std::vector<int32_t> bucket_of;
   if (o.enable_bucket) {
     source.buckets = bucket_resolutions(o);
@@ -105,6 +112,21 @@ TrainingData open_images(const TrainingDataOptions& o, const text::ClipTokenizer
   TrainingData data;
   data.planner = std::make_unique<BatchPlanner>(dataset->size(), layout, rank, seed, std::move(bucket_of));
   data.source = std::make_unique<ImageCaptionSource>(std::move(dataset), tokenizer, source, seed, *data.planner);
+  return data;
+}
+
+// DreamBooth: with prior preservation, pairs of an instance and a class image (data/dreambooth_images.h).
+TrainingData open_dreambooth(const TrainingDataOptions& o, const text::ClipTokenizer& tokenizer, const uint64_t& seed,
+                             const BatchLayout& layout, int rank) {
+  DreamBoothImages images = dreambooth_images(o.dreambooth, o.prior_loss_weight);
+  TrainingData data;
+  if (images.pairs.classes == 0)
+    data.planner = std::make_unique<BatchPlanner>(images.pairs.instances, layout, rank, seed);
+  else
+    data.planner = std::make_unique<BatchPlanner>(images.pairs, layout, rank, seed);
+  data.source = std::make_unique<ImageCaptionSource>(
+      std::make_unique<ImageFolderDataset>(std::move(images.samples), "dreambooth"), tokenizer,
+      image_source_options(o, layout), seed, *data.planner);
   return data;
 }
 
@@ -194,6 +216,7 @@ TrainingData open_training_data(const TrainingDataOptions& o, const text::ClipTo
     case DataKind::kShards: return open_images(o, tokenizer, seed, layout, rank);
     case DataKind::kLatents: return open_latents(o, model, seed, layout, rank);
     case DataKind::kReplay: return open_replay(o, seed, layout, rank);
+    case DataKind::kDreamBooth: return open_dreambooth(o, tokenizer, seed, layout, rank);
     default: return open_synthetic(o, tokenizer, model, seed, layout, rank);
   }
 }

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "data/captions.h"
+#include "data/dreambooth_images.h"
 #include "data/image_transforms.h"
 #include "data/training_batches.h"
 #include "text/clip_tokenizer.h"
@@ -18,12 +19,13 @@ namespace sd::data {
 struct TrainingDataOptions {
   std::string train_data_dir;
   std::string reg_data_dir;        // kohya's regularization images, beside --train_data_dir
-  double prior_loss_weight = 1.0;  // their loss weight
+  double prior_loss_weight = 1.0;  // their loss weight (or DreamBooth's class images')
   std::string output_dir;      // the run's own, left out of a --train_data_dir that holds it (its images are outputs)
   std::string train_shards;    // a shard pattern (data/shard_pattern.h)
   std::string train_latents;   // a `sdtrain preprocess` output
   std::string synthetic_data;  // "images" or "latents"
   std::string replay_inputs;
+  DreamBoothDataOptions dreambooth;  // `sdtrain dreambooth`'s instance and class images
   std::string image_column = "image";
   std::string caption_column = "text";
   std::optional<int64_t> max_train_samples;
@@ -37,7 +39,7 @@ struct TrainingDataOptions {
   int64_t synthetic_samples = 100000;
 };
 
-enum class DataKind { kImageFolder, kShards, kLatents, kSyntheticImages, kSyntheticLatents, kReplay };
+enum class DataKind { kImageFolder, kShards, kLatents, kSyntheticImages, kSyntheticLatents, kReplay, kDreamBooth };
 
 // Which source the flags choose; throws sd::Error unless exactly one is given.
 DataKind data_kind(const TrainingDataOptions& options);
