@@ -20,6 +20,7 @@ void add_generate(CLI::App& app, std::function<int()>& chosen);
 void add_convert(CLI::App& app, std::function<int()>& chosen);
 void add_textual_inversion(CLI::App& app, std::function<int()>& chosen);
 void add_train(CLI::App& app, std::function<int()>& chosen);
+void add_dreambooth(CLI::App& app, std::function<int()>& chosen);
 void add_preprocess(CLI::App& app, std::function<int()>& chosen);
 void add_launch(CLI::App& app, std::function<int()>& chosen);
 void add_dist_check(CLI::App& app, std::function<int()>& chosen);
@@ -97,6 +98,7 @@ int run(int argc, char** argv) {
   add_convert(app, chosen);
   add_textual_inversion(app, chosen);
   add_train(app, chosen);
+  add_dreambooth(app, chosen);
   add_preprocess(app, chosen);
   add_launch(app, chosen);
   add_dist_check(app, chosen);

@@ -19,9 +19,17 @@ void add_image_caption_flags(CLI::App* cmd, data::TrainingDataOptions& o, const 
        "metadata.jsonl column of the caption (a string or a list); with --train_shards the .json key tried before "
        "'caption'")
       ->group(group);
+  add_interpolation_flag(cmd, o.transform, group);
+  flag(cmd, "--dataloader_num_workers", o.dataloader_num_workers,
+       "Loader threads indexing shards and decoding images ahead of use (0 or 1: one thread)")
+      ->check(in_range(0, 256))
+      ->group(group);
+}
+
+void add_interpolation_flag(CLI::App* cmd, data::ImageTransformOptions& o, const std::string& group) {
   cmd->add_option_function<std::string>(
          flag_names("--image_interpolation_mode"),
-         [&o](const std::string& name) { o.transform.interpolation = *io::resize_filter_named(name); },
+         [&o](const std::string& name) { o.interpolation = *io::resize_filter_named(name); },
          "How images are resized, as PIL does: bilinear (diffusers 0.24's scripts), bicubic, lanczos (the default "
          "of later scripts), box, hamming, or nearest (also named nearest_exact, which is nearest on PIL images)")
       ->check(CLI::Validator(
@@ -31,10 +39,6 @@ void add_image_caption_flags(CLI::App* cmd, data::TrainingDataOptions& o, const 
           },
           "bilinear|bicubic|lanczos|box|hamming|nearest|nearest_exact"))
       ->default_str("bilinear")
-      ->group(group);
-  flag(cmd, "--dataloader_num_workers", o.dataloader_num_workers,
-       "Loader threads indexing shards and decoding images ahead of use (0 or 1: one thread)")
-      ->check(in_range(0, 256))
       ->group(group);
 }
 

@@ -129,11 +129,7 @@ void add_train(CLI::App& app, std::function<int()>& chosen) {
               "Also adapt the text encoder's q_proj, k_proj, v_proj and out_proj")
       ->needs(lora_rank)
       ->group(lora);
-  flag(cmd, "--lora_format", o->lora_format,
-       "diffusers: pytorch_lora_weights.safetensors only; kohya: also <output_dir name>.safetensors for A1111/kohya")
-      ->check(CLI::IsMember({"diffusers", "kohya"}))
-      ->needs(lora_rank)
-      ->group(lora);
+  add_lora_format_flag(cmd, o->lora_format, lora_rank, lora);
 
   add_trainer_flags(cmd, o->training);
   add_python_only_training_flags(cmd);

@@ -134,6 +134,16 @@ void add_unet_memory_flags(CLI::App* cmd, models::UNetMemoryOptions& o, const st
       ->group(group);
 }
 
+CLI::Option* add_lora_format_flag(CLI::App* cmd, std::string& format, CLI::Option* lora_switch,
+                                  const std::string& group) {
+  return flag(cmd, "--lora_format", format,
+              "diffusers: pytorch_lora_weights.safetensors only; kohya: also <output_dir name>.safetensors for "
+              "A1111/kohya")
+      ->check(CLI::IsMember({"diffusers", "kohya"}))
+      ->needs(lora_switch)
+      ->group(group);
+}
+
 void add_python_only_training_flags(CLI::App* cmd) {
   accepted_python_flag(cmd, "--push_to_hub", false, "sdtrain never uploads; copy --output_dir yourself");
   accepted_python_flag(cmd, "--hub_token", true, "sdtrain never uploads; ignored");

@@ -16,6 +16,11 @@ void add_trainer_flags(CLI::App* cmd, train::TrainerOptions& o);
 // through a UNet.
 void add_unet_memory_flags(CLI::App* cmd, models::UNetMemoryOptions& o, const std::string& group);
 
+// --lora_format (diffusers, or also a kohya/A1111 file) for the subcommands that train LoRA adapters; it needs
+// `lora_switch`, the flag that chooses LoRA training.
+CLI::Option* add_lora_format_flag(CLI::App* cmd, std::string& format, CLI::Option* lora_switch,
+                                  const std::string& group);
+
 // Flags of diffusers' scripts that only make sense in Python (hub uploads, xformers, ...): accepted so command
 // lines carry over, each with a one-line note when used.
 void add_python_only_training_flags(CLI::App* cmd);

@@ -12,6 +12,7 @@
 #include "pipeline/txt2img.h"
 #include "schedulers/ddpm.h"
 #include "schedulers/factory.h"
+#include "train/tasks/class_images.h"
 #include "train/tasks/denoising_loss.h"
 
 namespace sd::train {
@@ -64,6 +65,11 @@ UNetTrainingTask::UNetTrainingTask(const UNetTrainingOptions& o, RunContext& con
   // keeps the pretrained scheduler's, so its pipeline samples a --prediction_type v_prediction model as epsilon).
   pipe_->scheduler_config.prediction_type = loss_options.prediction_type;
   pipe_->unet->set_memory_options(o.unet_memory);
+  if (data::data_kind(o.data) == data::DataKind::kDreamBooth && o.data.dreambooth.with_prior_preservation) {
+    pipe_->unet->eval();
+    generate_missing_class_images(*pipe_, o.data.dreambooth, context_.seed, *context_.comm);
+    pipe_->unet->train();
+  }
 
   data::TrainingData data = data::open_training_data(o.data, pipe_->tokenizer, model_shapes(), context_.seed,
                                                      context_.layout, context_.comm->rank());
@@ -191,6 +197,7 @@ void UNetTrainingTask::write_checkpoint_extras(const fs::path& dir) {
 bool UNetTrainingTask::wants_validation(int64_t step, bool last_step) const {
   // As the script: after every --validation_epochs-th epoch (counting from the first), and after the last step.
   if (o_.validation_prompts.empty() || steps_per_epoch_ == 0) return false;
+  if (o_.validation_steps) return step % *o_.validation_steps == 0;
   if (last_step) return true;  // the script's final inference round with the trained pipeline
   return step % steps_per_epoch_ == 0 && ((step - 1) / steps_per_epoch_) % o_.validation_epochs == 0;
 }
@@ -199,7 +206,7 @@ at::Tensor UNetTrainingTask::validation_images(int64_t step) {
   // As the scripts' validation: the pipeline's own scheduler, 20 steps (the LoRA script: 30), its default size;
   // image i uses seed + i (diffusers draws them one after another from one generator seeded with the seed).
   pipe_->unet->eval();
-  auto scheduler = schedulers::make_scheduler(pipe_->scheduler_config);
+  auto scheduler = schedulers::make_scheduler(pipe_->scheduler_config, o_.validation_scheduler);
   pipeline::Txt2ImgOptions options;
   options.prompts = o_.validation_prompts;
   options.num_images_per_prompt = o_.num_validation_images;

@@ -29,8 +29,10 @@ struct UNetTrainingOptions {
   std::vector<std::string> validation_prompts;  // --validation_prompts, or the LoRA script's --validation_prompt
   int64_t num_validation_images = 1;            // per prompt
   int64_t validation_epochs = 5;
-  int64_t validation_inference_steps = 20;  // not a flag: the script's 20, the LoRA script's 30
-  bool from_scratch = false;                // sdtrain's own: UNet weights from its config's initialisation
+  std::optional<int64_t> validation_steps;          // DreamBooth's: every N steps instead (and no round after the last)
+  std::optional<std::string> validation_scheduler;  // a scheduler name (schedulers/factory.h); none: the pipeline's
+  int64_t validation_inference_steps = 20;          // not a flag: the script's 20, the LoRA script's 30
+  bool from_scratch = false;                        // sdtrain's own: UNet weights from its config's initialisation
 
   // The reference script's defaults for the engine's flags.
   UNetTrainingOptions();

@@ -1,0 +1,162 @@
+// End-to-end: `sdtrain dreambooth` on tiny-sd1. Without prior preservation it trains exactly as `sdtrain train` on a
+// kohya folder of the same images captioned with the instance prompt; with it, the missing class images are first
+// generated as `sdtrain generate` draws them (named and encoded as the script saves them, shared by the ranks) and
+// kept for the next run; LoRA training writes adapters; bad command lines are one error line.
+#include <c10/util/hash.h>
+
+#include <map>
+#include <set>
+
+#include "io/atomic_file.h"
+#include "io/image.h"
+#include "io/jpeg.h"
+#include "io/safetensors.h"
+#include "process_util.h"
+#include "test_util.h"
+
+namespace sd {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+fs::path tiny_sd1() { return sd::test::fixtures() / "tiny-sd1"; }
+
+std::string run_ok(const std::vector<std::string>& command) {
+  const auto r = sd::test::run_process(command, 300s);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  return r.output;
+}
+
+io::TensorMap unet_of(const fs::path& out) {
+  return io::load_safetensors(out / "unet" / "diffusion_pytorch_model.safetensors");
+}
+
+std::vector<std::string> short_run(const fs::path& out) {
+  return {"--resolution=32",      "--center_crop", "--train_batch_size=2",        "--max_train_steps=2",
+          "--learning_rate=1e-3", "--seed=4",      "--output_dir=" + out.string()};
+}
+
+void write_instances(const fs::path& dir) {
+  for (int i = 0; i < 2; ++i) sd::test::write_pattern_png(dir / fmt::format("p{}.png", i), 40, 36, 3 + i);
+}
+
+std::set<std::string> names_in(const fs::path& dir) {
+  std::set<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir)) names.insert(entry.path().filename().string());
+  return names;
+}
+
+TEST(DreamBoothE2E, WithoutPriorPreservationTrainsAsTrainOnAKohyaFolderOfTheInstancePrompt) {
+  sd::test::TempDir dir;
+  write_instances(dir.path() / "sks");
+  write_instances(dir.path() / "kohya" / "1_a photo of sks dog");
+  std::vector<std::string> dreambooth = short_run(dir.path() / "dreambooth");
+  dreambooth.push_back("--instance_data_dir=" + (dir.path() / "sks").string());
+  dreambooth.push_back("--instance_prompt=a photo of sks dog");
+  run_ok(sd::test::sdtrain_on_tiny_sd1("dreambooth", dreambooth));
+  std::vector<std::string> train = short_run(dir.path() / "train");
+  train.push_back("--train_data_dir=" + (dir.path() / "kohya").string());
+  run_ok(sd::test::sdtrain_on_tiny_sd1("train", train));
+  const io::TensorMap a = unet_of(dir.path() / "dreambooth"), b = unet_of(dir.path() / "train");
+  for (const auto& [name, t] : a) EXPECT_TRUE(at::equal(t, b.at(name))) << name;
+  EXPECT_FALSE(at::equal(
+      a.at("conv_in.weight"),
+      io::load_safetensors(tiny_sd1() / "unet" / "diffusion_pytorch_model.safetensors").at("conv_in.weight")));
+}
+
+// The class image the pipeline draws from `seed`, as `sdtrain generate` writes it.
+io::RgbImage generated(const fs::path& dir, int64_t seed) {
+  run_ok({sd::test::sdtrain_binary(), "generate", "--model=" + tiny_sd1().string(), "--prompt=a photo of dog",
+          fmt::format("--seed={}", seed), "--threads=1", "--output_dir=" + dir.string()});
+  return io::load_image_rgb(dir / fmt::format("p0-s{}-i0.png", seed));
+}
+
+TEST(DreamBoothE2E, MissingClassImagesAreGeneratedAsGenerateDrawsThemSavedAsTheScriptNamesThemAndKept) {
+  sd::test::TempDir dir;
+  write_instances(dir.path() / "sks");
+  const fs::path dog = dir.path() / "dog";
+  auto prior_run = [&](int64_t class_images, const std::string& out, int ranks = 1) {
+    std::vector<std::string> args = short_run(dir.path() / out);
+    args.back() = "--output_dir=" + (dir.path() / out).string();
+    for (const std::string& flag :
+         {"--instance_data_dir=" + (dir.path() / "sks").string(), std::string("--instance_prompt=a photo of sks dog"),
+          std::string("--with_prior_preservation"), "--class_data_dir=" + dog.string(),
+          std::string("--class_prompt=a photo of dog"), fmt::format("--num_class_images={}", class_images),
+          std::string("--sample_batch_size=1"), std::string("--max_train_steps=1"), std::string("--seed=7")})
+      args.push_back(flag);
+    const std::vector<std::string> command = sd::test::sdtrain_on_tiny_sd1("dreambooth", args);
+    return run_ok(ranks == 1 ? command : sd::test::under_launch(ranks, command));
+  };
+  // Two ranks share the generation (one image each here) and both train on the two images.
+  EXPECT_NE(prior_run(2, "first", 2).find("holds 0 of --num_class_images 2: generating 2"), std::string::npos);
+  // Image i of the folder is drawn from seed + i and named "<i>-<SHA-1 of its pixels>.jpg", a quality-75 JPEG.
+  std::set<std::string> expected;
+  std::map<std::string, std::string> bytes;
+  for (int64_t i = 0; i < 3; ++i) {
+    const io::RgbImage image = generated(dir.path() / "generate", 7 + i);
+    const std::string name =
+        fmt::format("{}-{}.jpg", i, c10::sha1(std::string(image.pixels.begin(), image.pixels.end())).str());
+    bytes[name] = io::encode_jpeg(image, 75);
+    if (i < 2) expected.insert(name);
+  }
+  ASSERT_EQ(names_in(dog), expected);
+  for (const std::string& name : expected) EXPECT_TRUE(io::read_text_file(dog / name) == bytes[name]) << name;
+  // A run asking for one more generates only that one; one asking for fewer generates none.
+  const std::string output = prior_run(3, "second");
+  EXPECT_NE(output.find("holds 2 of --num_class_images 3: generating 1"), std::string::npos) << output;
+  for (const auto& [name, b] : bytes) EXPECT_TRUE(io::read_text_file(dog / name) == b) << name;
+  EXPECT_EQ(names_in(dog).size(), 3U);
+  EXPECT_EQ(prior_run(1, "third").find("generating"), std::string::npos);
+  EXPECT_NE(prior_run(1, "fourth")
+                .find("2 instance image(s) in " + (dir.path() / "sks").string() + ", 1 class image(s) in " +
+                      dog.string() + ": 2 pairs per epoch"),
+            std::string::npos);
+}
+
+TEST(DreamBoothE2E, RankTrainsLoraAdaptersWithTheLoraScriptsDefaults) {
+  sd::test::TempDir dir;
+  write_instances(dir.path() / "sks");
+  std::vector<std::string> args = short_run(dir.path() / "lora");
+  for (const char* flag : {"--rank=2", "--train_text_encoder"}) args.push_back(flag);
+  args.push_back("--instance_data_dir=" + (dir.path() / "sks").string());
+  args.push_back("--instance_prompt=a photo of sks dog");
+  run_ok(sd::test::sdtrain_on_tiny_sd1("dreambooth", args));
+  const io::TensorMap lora = io::load_safetensors(dir.path() / "lora" / "pytorch_lora_weights.safetensors");
+  int unet = 0, text_encoder = 0;
+  for (const auto& [name, t] : lora) {
+    unet += name.rfind("unet.", 0) == 0;
+    text_encoder += name.rfind("text_encoder.", 0) == 0;
+  }
+  EXPECT_GT(unet, 0);
+  EXPECT_GT(text_encoder, 0);
+  const std::string run = io::read_text_file(dir.path() / "lora" / "logs" / "run.json");
+  EXPECT_NE(run.find("\"validation_epochs\": \"50\""), std::string::npos) << run;
+}
+
+TEST(DreamBoothE2E, BadCommandLinesAreOneErrorLine) {
+  sd::test::TempDir dir;
+  write_instances(dir.path() / "sks");
+  const std::vector<std::string> base = {"--instance_data_dir=" + (dir.path() / "sks").string(),
+                                         "--instance_prompt=a photo of sks dog"};
+  auto error_of = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = base;
+    args.insert(args.end(), extra.begin(), extra.end());
+    const auto r = sd::test::run_process(sd::test::sdtrain_on_tiny_sd1("dreambooth", args), 120s);
+    EXPECT_NE(r.exit_code, 0);
+    return r.output;
+  };
+  EXPECT_EQ(error_of({"--train_text_encoder"}),
+            "sdtrain: error: --train_text_encoder: training the whole text encoder is not supported; with --rank it "
+            "trains the text encoder's LoRA adapters (see --help)\n");
+  EXPECT_EQ(error_of({"--with_prior_preservation", "--class_prompt=dog"}),
+            "sdtrain: error: --with_prior_preservation: needs --class_data_dir and --class_prompt (see --help)\n");
+  EXPECT_EQ(error_of({"--validation_scheduler=Nope"}).rfind("sdtrain: error: --validation_scheduler: Nope not in", 0),
+            0U);
+  const std::string missing = (dir.path() / "none").string();
+  EXPECT_EQ(error_of({"--instance_data_dir=" + missing}),
+            "sdtrain: error: --instance_data_dir " + missing + ": not a directory\n");
+}
+
+}  // namespace
+}  // namespace sd
