@@ -84,6 +84,8 @@ class BatchPlanner {
   // Samples in one epoch (0 without a dataset): the trainer counts epochs with it.
   int64_t samples_per_epoch() const;
   BatchRequest plan(int64_t step, int64_t micro) const;
+  // Images a planned sample holds: 2 for pairs.
+  int64_t images_per_sample() const { return pairs_ ? 2 : 1; }
   // The micro-batch the trainer asks for after `request`.
   BatchRequest after(const BatchRequest& request) const;
   const BatchLayout& layout() const { return layout_; }

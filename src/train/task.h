@@ -38,6 +38,9 @@ class Task {
   // Samples in one epoch (0 when the data has no epochs, e.g. a replayed run): sets the step count from
   // --num_train_epochs.
   virtual int64_t dataset_size() const = 0;
+  // Images one sample of the layout trains (2 for DreamBooth's pairs of an instance and a class image): throughput
+  // counts images.
+  virtual int64_t images_per_sample() const { return 1; }
   // A digest of the data listing (data/listing_fingerprint.h), compared across ranks at start-up; empty when the
   // task reads nothing it could list.
   virtual std::string data_fingerprint() const { return ""; }

@@ -281,7 +281,7 @@ void Trainer::record(const StepReport& r, double seconds) {
                {"lr", r.lr},
                {"grad_norm", r.grad_norm},
                {"step_time_s", seconds},
-               {"images_per_s", static_cast<double>(context_.layout.global()) / seconds}};
+               {"images_per_s", static_cast<double>(context_.layout.global() * task_.images_per_sample()) / seconds}};
   if (steps_per_epoch_ > 0) line["epoch"] = (state_.data_step() - 1) / steps_per_epoch_;
   if (params_->has_ema()) line["ema_decay"] = r.ema_decay;
   line.update(task_.step_metrics());

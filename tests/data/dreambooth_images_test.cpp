@@ -94,6 +94,8 @@ TEST(DreamBoothPairs, EachMicroBatchHoldsItsPairsInstancesThenTheirClassImages) 
   for (int rank = 0; rank < 2; ++rank) {
     const BatchPlanner paired(pairs, layout, rank, seed), plain(3, layout, rank, seed);
     EXPECT_EQ(paired.samples_per_epoch(), 3);
+    EXPECT_EQ(paired.images_per_sample(), 2);  // throughput counts both images of a pair
+    EXPECT_EQ(plain.images_per_sample(), 1);
     for (int64_t step = 0; step < 3; ++step)
       for (int64_t micro = 0; micro < 2; ++micro) {
         const BatchRequest p = paired.plan(step, micro), q = plain.plan(step, micro);

@@ -5,6 +5,7 @@
 #include <c10/util/hash.h>
 
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "io/atomic_file.h"
@@ -112,6 +113,10 @@ TEST(DreamBoothE2E, MissingClassImagesAreGeneratedAsGenerateDrawsThemSavedAsTheS
                 .find("2 instance image(s) in " + (dir.path() / "sks").string() + ", 1 class image(s) in " +
                       dog.string() + ": 2 pairs per epoch"),
             std::string::npos);
+  // Throughput counts images: 2 pairs a step are 4 images.
+  const nlohmann::json step =
+      nlohmann::json::parse(io::read_text_file(dir.path() / "fourth" / "logs" / "metrics.jsonl"));
+  EXPECT_NEAR(step.at("images_per_s").get<double>() * step.at("step_time_s").get<double>(), 4.0, 1e-6) << step;
 }
 
 TEST(DreamBoothE2E, RankTrainsLoraAdaptersWithTheLoraScriptsDefaults) {

@@ -26,6 +26,7 @@ class UNetTrainingTask : public Task {
   std::string name() const override { return "unet"; }
   std::vector<NamedParameter> trainable_parameters() override;
   int64_t dataset_size() const override { return planner_->samples_per_epoch(); }
+  int64_t images_per_sample() const override { return planner_->images_per_sample(); }
   // A replay runs the steps its file holds.
   std::optional<int64_t> default_max_steps() const override { return replay_steps_; }
   at::Tensor micro_batch_loss(int64_t step, int64_t micro) override;
