@@ -28,12 +28,23 @@ std::vector<CaptionedImage> captioned(const std::vector<fs::path>& images, const
 
 }  // namespace
 
-DreamBoothImages dreambooth_images(const DreamBoothDataOptions& o, double prior_loss_weight) {
+void check_dreambooth_options(const DreamBoothDataOptions& o) {
   SD_CHECK(fs::is_directory(o.instance_data_dir), "--instance_data_dir {}: not a directory", o.instance_data_dir);
-  const std::vector<fs::path> instances = images_in(o.instance_data_dir);
-  SD_CHECK(!instances.empty(), "--instance_data_dir {}: no images (.jpg, .jpeg, .png, .bmp or .webp files)",
-           o.instance_data_dir);
+  SD_CHECK(!images_in(o.instance_data_dir).empty(),
+           "--instance_data_dir {}: no images (.jpg, .jpeg, .png, .bmp or .webp files)", o.instance_data_dir);
   SD_CHECK(!o.instance_prompt.empty(), "--instance_prompt is empty: it names the subject, e.g. \"a photo of sks dog\"");
+  if (!o.with_prior_preservation) return;
+  SD_CHECK(!o.class_prompt.empty(),
+           "--with_prior_preservation needs --class_prompt (the class, e.g. \"a photo of a dog\")");
+  std::error_code ignored;
+  SD_CHECK(!fs::equivalent(o.class_data_dir, o.instance_data_dir, ignored),
+           "--class_data_dir {} is --instance_data_dir: class images would train as the subject; keep them apart",
+           o.class_data_dir);
+}
+
+DreamBoothImages dreambooth_images(const DreamBoothDataOptions& o, double prior_loss_weight) {
+  check_dreambooth_options(o);
+  const std::vector<fs::path> instances = images_in(o.instance_data_dir);
   DreamBoothImages data;
   data.pairs.instances = static_cast<int64_t>(instances.size());
   if (!o.with_prior_preservation) {
@@ -41,8 +52,6 @@ DreamBoothImages dreambooth_images(const DreamBoothDataOptions& o, double prior_
     return data;
   }
   std::vector<fs::path> classes = images_in(o.class_data_dir);
-  SD_CHECK(!o.class_prompt.empty(),
-           "--with_prior_preservation needs --class_prompt (the class, e.g. \"a photo of a dog\")");
   SD_CHECK(!classes.empty(), "--class_data_dir {}: no images (with --with_prior_preservation it needs class images)",
            o.class_data_dir);
   if (static_cast<int64_t>(classes.size()) > o.num_class_images) classes.resize(o.num_class_images);

@@ -33,9 +33,13 @@ struct DreamBoothImages {
   PriorPairs pairs;                     // classes 0 without prior preservation
 };
 
+// Throws sd::Error naming the flag for a missing or empty --instance_data_dir, a missing prompt, or a class folder
+// that is the instance folder: what can be told before any class image is generated.
+void check_dreambooth_options(const DreamBoothDataOptions& options);
+
 // Lists the images. With prior preservation every batch's loss is the script's mse(instances) + w * mse(classes),
 // w = `prior_loss_weight`: as the mean over its 2B samples, instance samples weigh 2 and class samples 2w. Throws
-// sd::Error naming the flag for a missing folder, no images, or a missing prompt.
+// sd::Error as check_dreambooth_options does, and for no class images.
 DreamBoothImages dreambooth_images(const DreamBoothDataOptions& options, double prior_loss_weight);
 
 }  // namespace sd::data

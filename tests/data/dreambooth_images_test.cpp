@@ -81,6 +81,11 @@ TEST(DreamBoothImages, BadFoldersAndPromptsAreOneErrorEach) {
   EXPECT_EQ(error_of([&] { dreambooth_images(o, 1); }),
             "--with_prior_preservation needs --class_prompt (the class, e.g. \"a photo of a dog\")");
   o.class_prompt = "a dog";
+  o.class_data_dir = o.instance_data_dir;
+  EXPECT_EQ(error_of([&] { dreambooth_images(o, 1); }),
+            "--class_data_dir " + o.class_data_dir +
+                " is --instance_data_dir: class images would train as the subject; keep them apart");
+  o.class_data_dir = f.options.class_data_dir;
   EXPECT_EQ(
       error_of([&] { dreambooth_images(o, 1); }),
       "--class_data_dir " + o.class_data_dir + ": no images (with --with_prior_preservation it needs class images)");

@@ -159,6 +159,16 @@ TEST(DreamBoothE2E, BadCommandLinesAreOneErrorLine) {
   EXPECT_EQ(error_of({"--validation_scheduler=Nope"}).rfind("sdtrain: error: --validation_scheduler: Nope not in", 0),
             0U);
   const std::string missing = (dir.path() / "none").string();
+  // Found before any class image is generated into the folder.
+  const fs::path sks = dir.path() / "sks";
+  EXPECT_EQ(error_of({"--with_prior_preservation", "--class_prompt=dog", "--class_data_dir=" + sks.string()}),
+            "sdtrain: error: --class_data_dir " + sks.string() +
+                " is --instance_data_dir: class images would train as the subject; keep them apart\n");
+  EXPECT_EQ(names_in(sks).size(), 2U);
+  EXPECT_EQ(error_of({"--instance_data_dir=" + missing, "--with_prior_preservation", "--class_prompt=dog",
+                      "--class_data_dir=" + (dir.path() / "dog").string()}),
+            "sdtrain: error: --instance_data_dir " + missing + ": not a directory\n");
+  EXPECT_FALSE(fs::exists(dir.path() / "dog"));
   EXPECT_EQ(error_of({"--instance_data_dir=" + missing}),
             "sdtrain: error: --instance_data_dir " + missing + ": not a directory\n");
 }

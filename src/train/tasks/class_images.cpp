@@ -28,6 +28,7 @@ std::string class_image_name(int64_t index, const io::RgbImage& image) {
 
 void generate_missing_class_images(pipeline::StableDiffusion& pipe, const data::DreamBoothDataOptions& o, uint64_t seed,
                                    dist::Communicator& comm) {
+  data::check_dreambooth_options(o);  // before an hour of generation, not after
   const fs::path dir = o.class_data_dir;
   std::error_code error;
   fs::create_directories(dir, error);
