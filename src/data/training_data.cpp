@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "data/image_folder_dataset.h"
+#include "data/listing_fingerprint.h"
 #include "data/shard_pattern.h"
 #include "data/webdataset.h"
 
@@ -120,6 +121,9 @@ TrainingData open_dreambooth(const TrainingDataOptions& o, const text::ClipToken
                              const BatchLayout& layout, int rank) {
   DreamBoothImages images = dreambooth_images(o.dreambooth, o.prior_loss_weight);
   TrainingData data;
+  std::vector<std::filesystem::path> files;
+  for (const CaptionedImage& sample : images.samples) files.push_back(sample.image);
+  data.listing_fingerprint = data::listing_fingerprint(files);
   if (images.pairs.classes == 0)
     data.planner = std::make_unique<BatchPlanner>(images.pairs.instances, layout, rank, seed);
   else

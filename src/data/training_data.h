@@ -67,6 +67,9 @@ struct TrainingData {
   std::unique_ptr<BatchPlanner> planner;
   std::unique_ptr<BatchSource> source;
   std::optional<int64_t> replay_steps;  // with --replay_inputs: the steps its file holds
+  // DreamBooth's: a digest of the image files (data/listing_fingerprint.h) ranks compare at start-up, since each
+  // node may hold its own copy of the class images; empty for other data.
+  std::string listing_fingerprint;
 };
 
 // Opens the data the flags name for rank `rank` of `layout`. `seed` is read at each request (a resumed run changes

@@ -29,6 +29,7 @@ class UNetTrainingTask : public Task {
   int64_t images_per_sample() const override { return planner_->images_per_sample(); }
   // A replay runs the steps its file holds.
   std::optional<int64_t> default_max_steps() const override { return replay_steps_; }
+  std::string data_fingerprint() const override { return data_fingerprint_; }
   at::Tensor micro_batch_loss(int64_t step, int64_t micro) override;
 
   nlohmann::json identity() const override { return {{"prediction_type", loss_->options().prediction_type}}; }
@@ -75,6 +76,7 @@ class UNetTrainingTask : public Task {
   std::unique_ptr<DenoisingLoss> loss_;
   int64_t steps_per_epoch_ = 0;
   std::optional<int64_t> replay_steps_;
+  std::string data_fingerprint_;
   io::TensorMap replay_record_;  // per step: loss, lr, grad_norm, ema_decay (with --replay_inputs)
 };
 
