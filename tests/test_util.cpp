@@ -190,12 +190,4 @@ const bool kSeedsEachTest = [] {
 
 }  // namespace
 
-std::vector<std::string> sdtrain_on_tiny_sd1(const std::string& subcommand, const std::vector<std::string>& args) {
-  std::vector<std::string> command = {sdtrain_binary(), subcommand,
-                                      "--pretrained_model_name_or_path=" + (fixtures() / "tiny-sd1").string(),
-                                      "--threads=1"};
-  command.insert(command.end(), args.begin(), args.end());
-  return command;
-}
-
 }  // namespace sd::test

@@ -15,8 +15,6 @@ namespace sd::test {
 inline std::filesystem::path fixtures() { return SDTRAIN_FIXTURES; }
 inline std::filesystem::path golden(const std::string& name) { return fixtures() / "golden" / name; }
 inline std::string sdtrain_binary() { return SDTRAIN_BINARY; }
-// The command line of `sdtrain <subcommand>` training tiny-sd1 on one thread, then `args`.
-std::vector<std::string> sdtrain_on_tiny_sd1(const std::string& subcommand, const std::vector<std::string>& args);
 
 // max|actual - expected| <= tol * max|expected|, the fixtures README's comparison rule.
 inline ::testing::AssertionResult close_rel_max(const at::Tensor& actual, const at::Tensor& expected, double tol) {

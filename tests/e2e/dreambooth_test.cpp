@@ -55,10 +55,10 @@ TEST(DreamBoothE2E, WithoutPriorPreservationTrainsAsTrainOnAKohyaFolderOfTheInst
   std::vector<std::string> dreambooth = short_run(dir.path() / "dreambooth");
   dreambooth.push_back("--instance_data_dir=" + (dir.path() / "sks").string());
   dreambooth.push_back("--instance_prompt=a photo of sks dog");
-  run_ok(sd::test::sdtrain_on_tiny_sd1("dreambooth", dreambooth));
+  run_ok(sd::test::tiny_training_command("dreambooth", dreambooth));
   std::vector<std::string> train = short_run(dir.path() / "train");
   train.push_back("--train_data_dir=" + (dir.path() / "kohya").string());
-  run_ok(sd::test::sdtrain_on_tiny_sd1("train", train));
+  run_ok(sd::test::tiny_training_command("train", train));
   const io::TensorMap a = unet_of(dir.path() / "dreambooth"), b = unet_of(dir.path() / "train");
   for (const auto& [name, t] : a) EXPECT_TRUE(at::equal(t, b.at(name))) << name;
   EXPECT_FALSE(at::equal(
@@ -86,7 +86,7 @@ TEST(DreamBoothE2E, MissingClassImagesAreGeneratedAsGenerateDrawsThemSavedAsTheS
           std::string("--class_prompt=a photo of dog"), fmt::format("--num_class_images={}", class_images),
           std::string("--sample_batch_size=1"), std::string("--max_train_steps=1"), std::string("--seed=7")})
       args.push_back(flag);
-    const std::vector<std::string> command = sd::test::sdtrain_on_tiny_sd1("dreambooth", args);
+    const std::vector<std::string> command = sd::test::tiny_training_command("dreambooth", args);
     return run_ok(ranks == 1 ? command : sd::test::under_launch(ranks, command));
   };
   // Two ranks share the generation (one image each here) and both train on the two images.
@@ -126,7 +126,7 @@ TEST(DreamBoothE2E, RankTrainsLoraAdaptersWithTheLoraScriptsDefaults) {
   for (const char* flag : {"--rank=2", "--train_text_encoder"}) args.push_back(flag);
   args.push_back("--instance_data_dir=" + (dir.path() / "sks").string());
   args.push_back("--instance_prompt=a photo of sks dog");
-  run_ok(sd::test::sdtrain_on_tiny_sd1("dreambooth", args));
+  run_ok(sd::test::tiny_training_command("dreambooth", args));
   const io::TensorMap lora = io::load_safetensors(dir.path() / "lora" / "pytorch_lora_weights.safetensors");
   int unet = 0, text_encoder = 0;
   for (const auto& [name, t] : lora) {
@@ -147,7 +147,7 @@ TEST(DreamBoothE2E, BadCommandLinesAreOneErrorLine) {
   auto error_of = [&](std::vector<std::string> extra) {
     std::vector<std::string> args = base;
     args.insert(args.end(), extra.begin(), extra.end());
-    const auto r = sd::test::run_process(sd::test::sdtrain_on_tiny_sd1("dreambooth", args), 120s);
+    const auto r = sd::test::run_process(sd::test::tiny_training_command("dreambooth", args), 120s);
     EXPECT_NE(r.exit_code, 0);
     return r.output;
   };

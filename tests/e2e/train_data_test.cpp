@@ -96,11 +96,11 @@ TEST(TrainDataE2E, ShardsTrainOnTwoRanksAsOnOneAndResumeMidEpochBitForBit) {
   sd::test::TempDir dir;
   const std::string shards = write_shards(dir.path() / "shards");
   const fs::path single = dir.path() / "single", multi = dir.path() / "multi", resumed = dir.path() / "resumed";
-  const auto a = sd::test::run_process(sd::test::sdtrain_on_tiny_sd1("train", shard_flags(shards, single, 2)), 300s);
+  const auto a = sd::test::run_process(sd::test::tiny_training_command("train", shard_flags(shards, single, 2)), 300s);
   ASSERT_EQ(a.exit_code, 0) << a.output;
   EXPECT_NE(a.output.find("12 training images (webdataset layout)"), std::string::npos) << a.output;
   EXPECT_NE(a.output.find("1 sample(s) without an image"), std::string::npos) << a.output;
-  run_ok(sd::test::under_launch(2, sd::test::sdtrain_on_tiny_sd1("train", shard_flags(shards, multi, 1))));
+  run_ok(sd::test::under_launch(2, sd::test::tiny_training_command("train", shard_flags(shards, multi, 1))));
   expect_same_weights(single, multi);
 
   // 12 samples make 6 steps of 2 per epoch: checkpoint-2 is mid-epoch. Resuming from it gives the same bits.
@@ -108,7 +108,7 @@ TEST(TrainDataE2E, ShardsTrainOnTwoRanksAsOnOneAndResumeMidEpochBitForBit) {
   fs::copy(single / "checkpoint-2", resumed / "checkpoint-2", fs::copy_options::recursive);
   auto flags = shard_flags(shards, resumed, 2);
   flags.push_back("--resume_from_checkpoint=latest");
-  const auto c = sd::test::run_process(sd::test::sdtrain_on_tiny_sd1("train", flags), 300s);
+  const auto c = sd::test::run_process(sd::test::tiny_training_command("train", flags), 300s);
   ASSERT_EQ(c.exit_code, 0) << c.output;
   EXPECT_NE(c.output.find("resuming from"), std::string::npos) << c.output;
   EXPECT_EQ(io::read_text_file(single / "unet" / "diffusion_pytorch_model.safetensors"),
@@ -145,7 +145,7 @@ TEST(TrainDataE2E, PreprocessKilledAndRerunEncodesEachInputOnceAndTrainsAsOnline
   sd::test::TempDir dir;
   const fs::path images = dir.path() / "images", latents = dir.path() / "latents";
   sd::test::write_captioned_images(images, 40);
-  const std::vector<std::string> preprocess = sd::test::sdtrain_on_tiny_sd1(
+  const std::vector<std::string> preprocess = sd::test::tiny_training_command(
       "preprocess", {"--train_data_dir=" + images.string(), "--resolution", "32", "--samples_per_shard=2",
                      "--batch_size=1", "--output_dir=" + latents.string()});
 
@@ -183,7 +183,7 @@ TEST(TrainDataE2E, PreprocessKilledAndRerunEncodesEachInputOnceAndTrainsAsOnline
 
   // Training from the stored posteriors draws the latents online training draws from the same images.
   auto train = [&](const std::string& data, const fs::path& out) {
-    run_ok(sd::test::sdtrain_on_tiny_sd1(
+    run_ok(sd::test::tiny_training_command(
         "train", {data, "--resolution=32", "--center_crop", "--caption_dropout_probability=0.2", "--train_batch_size=1",
                   "--gradient_accumulation_steps=2", "--max_train_steps=3", "--learning_rate=1e-3",
                   "--lr_warmup_steps=0", "--seed=5", "--output_dir=" + out.string()}));
@@ -227,12 +227,12 @@ TEST(TrainDataE2E, BucketedTrainingOnMixedAspectRatiosOnTwoRanksAsOnOne) {
                                     "--output_dir=" + out.string()};
   };
   // A micro-batch stacks its images into one tensor: a run that mixed sizes in a micro-batch would fail.
-  const auto a = sd::test::run_process(sd::test::sdtrain_on_tiny_sd1("train", flags(dir.path() / "single", 2)), 300s);
+  const auto a = sd::test::run_process(sd::test::tiny_training_command("train", flags(dir.path() / "single", 2)), 300s);
   ASSERT_EQ(a.exit_code, 0) << a.output;
   EXPECT_NE(a.output.find("aspect-ratio buckets (width x height: samples): 48x80: 4, 64x64: 4, 80x48: 4"),
             std::string::npos)
       << a.output;
-  run_ok(sd::test::under_launch(2, sd::test::sdtrain_on_tiny_sd1("train", flags(dir.path() / "multi", 1))));
+  run_ok(sd::test::under_launch(2, sd::test::tiny_training_command("train", flags(dir.path() / "multi", 1))));
   expect_same_weights(dir.path() / "single", dir.path() / "multi");
 }
 
@@ -253,7 +253,7 @@ TEST(TrainDataE2E, RegularizationImagesTrainAfterTheTrainingImagesWithTheirWeigh
                              "--learning_rate=1e-3", "--lr_warmup_steps=0", "--seed=4"})
       data.push_back(flag);
     data.push_back("--output_dir=" + out.string());
-    return sd::test::sdtrain_on_tiny_sd1("train", data);
+    return sd::test::tiny_training_command("train", data);
   };
   const auto r = sd::test::run_process(
       flags(dir.path() / "with_reg", {"--train_data_dir=" + train.string(), "--reg_data_dir=" + reg.string()}), 300s);
@@ -285,8 +285,8 @@ TEST(TrainDataE2E, PreprocessKeepsNoShardOfOtherImagesOrAnotherModel) {
             0);
   auto preprocess = [&](const fs::path& inputs, const std::string& model_flag) {
     std::vector<std::string> command =
-        sd::test::sdtrain_on_tiny_sd1("preprocess", {"--train_data_dir=" + inputs.string(), "--resolution=32",
-                                                     "--samples_per_shard=2", "--output_dir=" + latents.string()});
+        sd::test::tiny_training_command("preprocess", {"--train_data_dir=" + inputs.string(), "--resolution=32",
+                                                       "--samples_per_shard=2", "--output_dir=" + latents.string()});
     if (!model_flag.empty()) command.push_back(model_flag);
     return sd::test::run_process(command, 300s);
   };
@@ -313,7 +313,7 @@ TEST(TrainDataE2E, BadDataIsOneErrorLine) {
   auto expect_error = [&](const std::string& subcommand, const std::vector<std::string>& args,
                           const std::string& fragment) {
     std::string line;
-    for (const auto& a : sd::test::sdtrain_on_tiny_sd1(subcommand, args)) line += "'" + a + "' ";
+    for (const auto& a : sd::test::tiny_training_command(subcommand, args)) line += "'" + a + "' ";
     EXPECT_TRUE(sd::test::is_one_line_error(sd::test::run_command(line), fragment)) << line;
   };
   const std::string out_flag = "--output_dir=" + out.string();
@@ -338,7 +338,7 @@ TEST(TrainDataE2E, BadDataIsOneErrorLine) {
   const fs::path images = dir.path() / "images", latents = dir.path() / "latents";
   sd::test::write_pattern_png(images / "wide.png", 128, 64, 3);
   sd::test::write_pattern_png(images / "square.png", 40, 40, 5);
-  run_ok(sd::test::sdtrain_on_tiny_sd1(
+  run_ok(sd::test::tiny_training_command(
       "preprocess",
       {"--train_data_dir=" + images.string(), "--resolution", "64", "--enable_bucket", "--min_bucket_reso=32",
        "--max_bucket_reso=128", "--bucket_reso_steps=16", "--output_dir=" + latents.string()}));
