@@ -51,6 +51,32 @@ std::string shard_file(int rank, int world) {
   return fmt::format("shards/rank-{:05}-of-{:05}.safetensors", rank, world);
 }
 
+// A manifest's whole_files entry for one state: {"file", "key"} for every parameter, and for the weights and EMA
+// the routes that send some parameters to files of their own.
+json whole_files_entry(const WholeTensorFiles& whole, StateKind kind) {
+  switch (kind) {
+    case StateKind::kExpAvg: return {{"file", whole.optimizer_file}, {"key", "{}.exp_avg"}};
+    case StateKind::kExpAvgSq: return {{"file", whole.optimizer_file}, {"key", "{}.exp_avg_sq"}};
+    case StateKind::kMaster:
+    case StateKind::kEma: break;
+  }
+  const bool master = kind == StateKind::kMaster;
+  json entry = {{"file", master ? whole.master_file : whole.ema_file},
+                {"key", master ? whole.master_key : whole.ema_key}};
+  for (const WholeFileRoute& route : whole.routes)
+    entry["routes"].push_back({{"prefix", route.prefix}, {"file", master ? route.master_file : route.ema_file}});
+  return entry;
+}
+
+// The file and key where `entry` (whole_files_entry's form) stores the whole tensor of parameter `name`.
+std::pair<std::string, std::string> whole_location(const json& entry, const std::string& name) {
+  for (const json& route : entry.value("routes", json::array())) {
+    const auto prefix = route.at("prefix").get<std::string>();
+    if (name.rfind(prefix, 0) == 0) return {route.at("file").get<std::string>(), name.substr(prefix.size())};
+  }
+  return {entry.at("file").get<std::string>(), fill_key(entry.at("key").get<std::string>(), name)};
+}
+
 }  // namespace
 
 TrainableParameters::TrainableParameters(std::vector<NamedParameter> params, TrainableOptions options,
@@ -265,18 +291,16 @@ json TrainableParameters::save(const fs::path& dir, const WholeTensorFiles& whol
   manifest["parameters"] = std::move(parameters);
 
   if (!layout_->sharded() || comm_->world_size() == 1) {
-    const std::map<StateKind, std::pair<std::string, std::string>> where = {
-        {StateKind::kMaster, {whole.master_file, whole.master_key}},
-        {StateKind::kExpAvg, {whole.optimizer_file, "{}.exp_avg"}},
-        {StateKind::kExpAvgSq, {whole.optimizer_file, "{}.exp_avg_sq"}},
-        {StateKind::kEma, {whole.ema_file, whole.ema_key}}};
     json files = json::object();
     std::map<std::string, io::TensorMap> contents;
     for (StateKind kind : kinds) {
-      const auto& [file, key] = where.at(kind);
-      files[state_kind_name(kind)] = {{"file", file}, {"key", key}};
+      const json entry = whole_files_entry(whole, kind);
+      files[state_kind_name(kind)] = entry;
       if (rank_ != 0) continue;
-      for (auto& [name, tensor] : gather(kind)) contents[file][fill_key(key, name)] = std::move(tensor);
+      for (auto& [name, tensor] : gather(kind)) {
+        const auto [file, key] = whole_location(entry, name);
+        contents[file][key] = std::move(tensor);
+      }
     }
     for (const auto& [file, tensors] : contents) {
       fs::create_directories((dir / file).parent_path());
@@ -312,19 +336,23 @@ json TrainableParameters::save(const fs::path& dir, const WholeTensorFiles& whol
   mine.clear();
   // The weights (and their EMA) also whole, where an unsharded checkpoint keeps them: what diffusers and `sdtrain
   // generate` load. A resume reads the pieces; one kind at a time is gathered, to bound rank 0's memory.
-  write_whole(dir, StateKind::kMaster, whole.master_file, whole.master_key);
-  if (ema_) write_whole(dir, StateKind::kEma, whole.ema_file, whole.ema_key);
+  write_whole(dir, StateKind::kMaster, whole_files_entry(whole, StateKind::kMaster));
+  if (ema_) write_whole(dir, StateKind::kEma, whole_files_entry(whole, StateKind::kEma));
   manifest["pieces"] = std::move(pieces);
   return manifest;
 }
 
-void TrainableParameters::write_whole(const fs::path& dir, StateKind kind, const std::string& file,
-                                      const std::string& key) {
-  io::TensorMap tensors;
-  for (auto& [name, tensor] : gather(kind)) tensors[fill_key(key, name)] = std::move(tensor);
+void TrainableParameters::write_whole(const fs::path& dir, StateKind kind, const json& entry) {
+  std::map<std::string, io::TensorMap> contents;
+  for (auto& [name, tensor] : gather(kind)) {
+    const auto [file, key] = whole_location(entry, name);
+    contents[file][key] = std::move(tensor);
+  }
   if (rank_ != 0) return;
-  fs::create_directories((dir / file).parent_path());
-  io::save_safetensors(dir / file, tensors);
+  for (const auto& [file, tensors] : contents) {
+    fs::create_directories((dir / file).parent_path());
+    io::save_safetensors(dir / file, tensors);
+  }
 }
 
 namespace {
@@ -371,10 +399,11 @@ StoredState parse_stored_state(const json& manifest, const fs::path& dir) {
     s.ema_optimization_step = manifest.value("ema_optimization_step", int64_t{0});
     if (manifest.contains("whole_files"))
       for (const auto& name : s.names)
-        for (const auto& [kind, file] : manifest.at("whole_files").items())
-          s.index[{kind, name}].push_back({file.at("file").get<std::string>(),
-                                           fill_key(file.at("key").get<std::string>(), name), 0,
-                                           numel_of(s.shapes[name]), s.shapes[name]});
+        for (const auto& [kind, entry] : manifest.at("whole_files").items()) {
+          auto [file, key] = whole_location(entry, name);
+          s.index[{kind, name}].push_back(
+              {std::move(file), std::move(key), 0, numel_of(s.shapes[name]), s.shapes[name]});
+        }
     if (manifest.contains("pieces"))
       for (const auto& p : manifest.at("pieces")) {
         StoredPiece piece{p.at("file").get<std::string>(),

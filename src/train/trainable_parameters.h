@@ -51,6 +51,14 @@ struct TrainableOptions {
 enum class StateKind { kMaster, kExpAvg, kExpAvgSq, kEma };
 const char* state_kind_name(StateKind kind);
 
+// The weights (and EMA) of the parameters whose names start with `prefix`, kept in files of their own under the
+// rest of their names: e.g. a trained text encoder's "text_encoder." tensors in text_encoder/model.safetensors.
+struct WholeFileRoute {
+  std::string prefix;
+  std::string master_file;
+  std::string ema_file;
+};
+
 // Where a checkpoint keeps whole tensors, so the files are useful on their own (e.g.
 // unet/diffusion_pytorch_model.safetensors loads in diffusers): every state when one rank holds everything (no
 // sharding), the weights and their EMA also beside the shards of a sharded run. `{}` in a key is the parameter name.
@@ -60,6 +68,7 @@ struct WholeTensorFiles {
   std::string ema_file = "ema.safetensors";
   std::string ema_key = "{}";
   std::string optimizer_file = "optimizer.safetensors";
+  std::vector<WholeFileRoute> routes;  // the first whose prefix starts a name wins; the optimizer file takes all
 };
 
 class TrainableParameters {
@@ -107,8 +116,8 @@ class TrainableParameters {
   void refresh_compute_weights(StateKind from);
   void all_gather_compute_weights();
   std::vector<at::Tensor>& state_of(StateKind kind);
-  // Gathers one state whole and writes it on rank 0 as `file`, under `key` ({} = the parameter's name).
-  void write_whole(const std::filesystem::path& dir, StateKind kind, const std::string& file, const std::string& key);
+  // Gathers one state whole and writes it on rank 0 where `entry` (a manifest's whole_files entry) puts each tensor.
+  void write_whole(const std::filesystem::path& dir, StateKind kind, const nlohmann::json& entry);
 
   std::vector<NamedParameter> params_;
   TrainableOptions options_;

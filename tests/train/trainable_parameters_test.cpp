@@ -94,6 +94,47 @@ TEST(TrainableParametersResume, MatchesParametersByNameNotPosition) {
             std::string::npos);
 }
 
+// Routed parameters (a trained text encoder beside the UNet) are kept whole in files of their own under the rest of
+// their names, their optimizer state with everyone's, and resume from there.
+TEST(TrainableParametersResume, RoutedParametersHaveFilesOfTheirOwnAndResume) {
+  TrainableOptions options;
+  options.ema = EmaOptions{};
+  auto run_of = [&](const at::Tensor& w, const at::Tensor& b) {
+    return std::make_unique<TrainableParameters>(
+        std::vector<NamedParameter>{{"text.w", w.clone().requires_grad_()}, {"b", b.clone().requires_grad_()}}, options,
+        std::make_shared<dist::LocalCommunicator>());
+  };
+  const at::Tensor w = at::randn({3, 4}), b = at::randn({4});
+  auto trained = run_of(w, b);
+  const at::Tensor loss = trained->parameters()[0].tensor.pow(3).sum() + trained->parameters()[1].tensor.sum();
+  trained->backward(loss, true, true);
+  trained->reduce_gradients(1, std::nullopt);
+  trained->step(1e-2);
+  WholeTensorFiles files;
+  files.routes.push_back({"text.", "text/model.safetensors", "text_ema/model.safetensors"});
+  sd::test::TempDir dir;
+  const json manifest = trained->save(dir.path(), files);
+
+  const io::TensorMap masters = trained->gather(StateKind::kMaster), emas = trained->gather(StateKind::kEma);
+  const io::TensorMap text = io::load_safetensors(dir.path() / "text" / "model.safetensors");
+  const io::TensorMap text_ema = io::load_safetensors(dir.path() / "text_ema" / "model.safetensors");
+  const io::TensorMap rest = io::load_safetensors(dir.path() / "model.safetensors");
+  ASSERT_EQ(text.size(), 1U);
+  ASSERT_EQ(text_ema.size(), 1U);
+  ASSERT_EQ(rest.size(), 1U);
+  EXPECT_TRUE(at::equal(text.at("w"), masters.at("text.w")));
+  EXPECT_TRUE(at::equal(text_ema.at("w"), emas.at("text.w")));
+  EXPECT_TRUE(at::equal(rest.at("b"), masters.at("b")));
+  EXPECT_EQ(io::load_safetensors(dir.path() / "optimizer.safetensors").count("text.w.exp_avg"), 1U);
+
+  auto resumed = run_of(at::zeros_like(w), at::zeros_like(b));
+  resumed->load(dir.path(), manifest);
+  for (StateKind kind : {StateKind::kMaster, StateKind::kExpAvg, StateKind::kExpAvgSq, StateKind::kEma}) {
+    const io::TensorMap want = trained->gather(kind), got = resumed->gather(kind);
+    for (const auto& [name, t] : want) EXPECT_TRUE(at::equal(got.at(name), t)) << state_kind_name(kind) << name;
+  }
+}
+
 TEST(TrainableParametersResume, ManifestDamageIsNamed) {
   EXPECT_NE(resume_error([](const fs::path&, json& m) {
               m["optimizer_steps"] = -3;
