@@ -42,6 +42,10 @@ void add_dreambooth(CLI::App& app, std::function<int()>& chosen) {
   const std::string model = "Model";
   add_model_flags(cmd, "--pretrained_model_name_or_path", o->model, model)->required();
   add_unet_memory_flags(cmd, o->unet_memory, model);
+  switch_flag(cmd, "--train_text_encoder", o->train_text_encoder,
+              "Train the whole text encoder with the UNet (float32 masters, as the UNet's); with --rank, LoRA "
+              "adapters on its q_proj, k_proj, v_proj and out_proj")
+      ->group(model);
 
   data::DreamBoothDataOptions& d = o->data.dreambooth;
   const std::string data = "Instance and class images";
@@ -108,28 +112,25 @@ void add_dreambooth(CLI::App& app, std::function<int()>& chosen) {
   auto* rank = flag(cmd, "--rank", o->lora_rank, "Train LoRA adapters of this rank (alpha = rank) on a frozen UNet")
                    ->check(in_range(1, 4096))
                    ->group(lora);
-  switch_flag(cmd, "--train_text_encoder", o->train_text_encoder_lora,
-              "With --rank: also adapt the text encoder's q_proj, k_proj, v_proj and out_proj")
-      ->group(lora);
   add_lora_format_flag(cmd, o->lora_format, rank, lora);
 
   add_trainer_flags(cmd, o->training);
   add_python_only_training_flags(cmd);
   accepted_python_flag(cmd, "--prior_generation_precision", true,
                        "class images are generated in the precision the pipeline is loaded in for training");
-  accepted_python_flag(cmd, "--pre_compute_text_embeddings", false,
-                       "the two prompts are encoded with each batch; the text encoder is small beside the UNet");
+  auto* pre_compute =
+      accepted_python_flag(cmd, "--pre_compute_text_embeddings", false,
+                           "the two prompts are encoded with each batch; the text encoder is small beside the UNet");
   accepted_python_flag(cmd, "--set_grads_to_none", false, "gradients are already cleared without zero-filling");
-  accepted_python_flag(cmd, "--skip_save_text_encoder", false, "the text encoder is not trained, so it is not saved");
+  accepted_python_flag(cmd, "--skip_save_text_encoder", false,
+                       "the pipeline is saved whole, with its text encoder, so that it loads as it is");
   accepted_python_flag(cmd, "--use_8bit_adam", false,
                        "bitsandbytes' 8-bit AdamW is CUDA-only; sdtrain trains with float32 AdamW state");
 
   cmd->callback([=, &chosen] {
     const bool lora_run = rank->count() != 0;
-    if (o->train_text_encoder_lora && !lora_run)
-      throw CLI::ValidationError("--train_text_encoder",
-                                 "training the whole text encoder is not supported; with --rank it trains the text "
-                                 "encoder's LoRA adapters");
+    if (o->train_text_encoder && pre_compute->count() != 0)
+      throw CLI::ValidationError("--train_text_encoder", "cannot be used with --pre_compute_text_embeddings");
     const data::DreamBoothDataOptions& db = o->data.dreambooth;
     if (db.with_prior_preservation && (db.class_data_dir.empty() || db.class_prompt.empty()))
       throw CLI::ValidationError("--with_prior_preservation", "needs --class_data_dir and --class_prompt");
@@ -137,6 +138,9 @@ void add_dreambooth(CLI::App& app, std::function<int()>& chosen) {
       log::warn(
           "--class_data_dir and --class_prompt are not used without --with_prior_preservation (as in the script)");
     if (lora_run) {
+      // Only the text encoder's adapters train.
+      o->train_text_encoder_lora = o->train_text_encoder;
+      o->train_text_encoder = false;
       // The LoRA script's defaults where they differ; run.json records what was used.
       use_default(cmd->get_option("--output_dir"), o->training.output_dir, "lora-dreambooth-model");
       use_default(cmd->get_option("--learning_rate"), o->training.learning_rate, 5e-4);

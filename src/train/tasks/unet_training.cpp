@@ -27,12 +27,32 @@ UNetTrainingOptions::UNetTrainingOptions() {
 
 namespace {
 
-// Writes `config` and `weights` as a diffusers model folder, e.g. <output>/unet.
-void write_model_folder(const fs::path& dir, const json& config, const io::TensorMap& weights) {
+// The trained text encoder's parameters are named with this prefix beside the UNet's own names (which keep none,
+// as checkpoints of UNet training always named them).
+constexpr const char* kTextEncoderPrefix = "text_encoder.";
+
+// Writes `config` and `weights` as a model folder, e.g. <output>/unet (weights file: diffusers' name) or
+// <output>/text_encoder (transformers' name).
+void write_model_folder(const fs::path& dir, const json& config, const io::TensorMap& weights,
+                        const std::string& weights_file = models::WeightFileNames::diffusers().safetensors) {
   io::write_directory_atomically(dir, [&](const fs::path& tmp) {
     io::write_text_file(tmp / "config.json", config.dump(2) + "\n");
-    io::save_safetensors(tmp / "diffusion_pytorch_model.safetensors", weights);
+    io::save_safetensors(tmp / weights_file, weights);
   });
+}
+
+// The tensors of `all` named with `prefix`, under the rest of their names; erased from `all`.
+io::TensorMap take_prefixed(io::TensorMap& all, const std::string& prefix) {
+  io::TensorMap taken;
+  for (auto it = all.begin(); it != all.end();) {
+    if (it->first.rfind(prefix, 0) != 0) {
+      ++it;
+      continue;
+    }
+    taken[it->first.substr(prefix.size())] = std::move(it->second);
+    it = all.erase(it);
+  }
+  return taken;
 }
 
 }  // namespace
@@ -44,6 +64,9 @@ UNetTrainingTask::UNetTrainingTask(const UNetTrainingOptions& o, RunContext& con
       output_dir_(o.training.output_dir),
       unet_dtype_(unet_dtype) {
   const bool with_encoders = data::needs_encoders(data::data_kind(o.data));
+  SD_CHECK(!o.train_text_encoder || with_encoders,
+           "--train_text_encoder trains on captions, which --train_latents, --synthetic_data latents and "
+           "--replay_inputs do not have");
   SD_CHECK(o.validation_prompts.empty() || with_encoders,
            "validation prompts (--validation_prompt, --validation_prompts) need the VAE and text encoder, which "
            "--train_latents, --synthetic_data latents and --replay_inputs run without");
@@ -84,14 +107,15 @@ UNetTrainingTask::UNetTrainingTask(const UNetTrainingOptions& o, RunContext& con
 }
 
 void UNetTrainingTask::load_models(bool with_encoders) {
-  // The UNet is loaded (or built) in unet_dtype_ (float32 when it trains: its values are the master weights). The
-  // frozen VAE and text encoder are loaded only when the data needs encoding; the VAE's config always is, since stored
-  // latents are scaled by its factor.
+  // The UNet is loaded (or built) in unet_dtype_ (float32 when it trains: its values are the master weights), and so
+  // is a text encoder that trains. The frozen VAE and text encoder are loaded only when the data needs encoding; the
+  // VAE's config always is, since stored latents are scaled by its factor.
   const pipeline::PipelineConfigs configs = pipeline::read_configs(model_);
   vae_config_ = configs.vae;
   const at::ScalarType frozen = with_encoders ? context_.precision.frozen : at::ScalarType::Undefined;
   pipe_ = std::make_unique<pipeline::StableDiffusion>(
-      pipeline::load_pipeline(model_, {frozen, frozen, o_.from_scratch ? at::ScalarType::Undefined : unet_dtype_}));
+      pipeline::load_pipeline(model_, {o_.train_text_encoder ? unet_dtype_ : frozen, frozen,
+                                       o_.from_scratch ? at::ScalarType::Undefined : unet_dtype_}));
   if (o_.from_scratch) {
     at::manual_seed(static_cast<int64_t>(context_.seed));
     pipe_->unet = models::UNet2DConditionModel(configs.unet);
@@ -103,6 +127,7 @@ void UNetTrainingTask::load_models(bool with_encoders) {
   for (auto* module :
        {static_cast<torch::nn::Module*>(pipe_->text_encoder.get()), static_cast<torch::nn::Module*>(pipe_->vae.get())})
     for (auto& p : module->parameters()) p.set_requires_grad(false);
+  if (o_.train_text_encoder) pipe_->text_encoder->train();
   SD_CHECK(o_.data.transform.resolution % pipe_->vae_scale_factor() == 0,
            "--resolution {} must be divisible by {} (the VAE's factor)", o_.data.transform.resolution,
            pipe_->vae_scale_factor());
@@ -120,15 +145,34 @@ data::ModelShapes UNetTrainingTask::model_shapes() const {
 std::vector<NamedParameter> UNetTrainingTask::trainable_parameters() {
   std::vector<NamedParameter> params;
   // In forward order, so gradient buckets fill in the order backward produces them (with sharding, finished
-  // buckets that must wait for an earlier one cost memory).
+  // buckets that must wait for an earlier one cost memory): the text encoder runs first.
+  if (o_.train_text_encoder)
+    for (auto& p : pipe_->text_encoder->named_parameters())
+      params.push_back({kTextEncoderPrefix + p.key(), p.value().requires_grad_(true)});
   for (auto& [name, tensor] : pipe_->unet->named_parameters_in_forward_order())
     params.push_back({name, tensor.requires_grad_(true)});
   return params;
 }
 
 at::Tensor UNetTrainingTask::encode_text(const at::Tensor& input_ids) {
-  at::NoGradGuard no_grad;
+  at::AutoGradMode graph_if_trained(o_.train_text_encoder);
   return pipe_->text_encoder->forward(input_ids).last_hidden_state;
+}
+
+json UNetTrainingTask::identity() const {
+  json id = {{"prediction_type", loss_->options().prediction_type}};
+  // Only when set, so the checkpoints of runs that never had the flag keep resuming.
+  if (o_.train_text_encoder) id["train_text_encoder"] = true;
+  return id;
+}
+
+WholeTensorFiles UNetTrainingTask::checkpoint_files() const {
+  WholeTensorFiles files{"unet/diffusion_pytorch_model.safetensors", "{}",
+                         "unet_ema/diffusion_pytorch_model.safetensors", "{}", "optimizer.safetensors"};
+  if (o_.train_text_encoder)
+    files.routes.push_back(
+        {kTextEncoderPrefix, "text_encoder/model.safetensors", "text_encoder_ema/model.safetensors"});
+  return files;
 }
 
 void UNetTrainingTask::encode(data::TrainingBatch& batch) {
@@ -193,6 +237,17 @@ json UNetTrainingTask::ema_config() const {
 void UNetTrainingTask::write_checkpoint_extras(const fs::path& dir) {
   io::write_text_file(dir / "unet" / "config.json", pipe_->unet->config().to_json().dump(2) + "\n");
   if (o_.training.use_ema) io::write_text_file(dir / "unet_ema" / "config.json", ema_config().dump(2) + "\n");
+  if (!o_.train_text_encoder) return;
+  io::write_text_file(dir / "text_encoder" / "config.json", text_encoder_config().dump(2) + "\n");
+  if (o_.training.use_ema)
+    io::write_text_file(dir / "text_encoder_ema" / "config.json", text_encoder_config().dump(2) + "\n");
+}
+
+// A trained text encoder is saved in float32, as its master weights are.
+json UNetTrainingTask::text_encoder_config() const {
+  models::ClipTextConfig config = pipe_->text_encoder->config();
+  config.torch_dtype = "float32";
+  return config.to_json();
 }
 
 bool UNetTrainingTask::wants_validation(int64_t step, bool last_step) const {
@@ -239,10 +294,17 @@ void UNetTrainingTask::write_trained_prediction_type(const fs::path& scheduler_c
 fs::path UNetTrainingTask::export_final(const io::TensorMap& weights, const io::TensorMap& ema) {
   fs::create_directories(output_dir_);
   if (!o_.data.replay_inputs.empty()) write_replay_record(weights, ema);
-  // The trained UNet first (the EMA weights with --use_ema, as the script saves), then the frozen parts as they
+  // The trained models first (the EMA weights with --use_ema, as the script saves), then the frozen parts as they
   // are; model_index.json, written last, marks the pipeline complete.
-  write_model_folder(output_dir_ / "unet", pipe_->unet->config().to_json(), ema.empty() ? weights : ema);
-  pipeline::copy_components(model_, output_dir_, {"vae", "text_encoder", "tokenizer", "scheduler"});
+  io::TensorMap unet = ema.empty() ? weights : ema;
+  std::vector<std::string> frozen = {"vae", "tokenizer", "scheduler"};
+  if (o_.train_text_encoder)
+    write_model_folder(output_dir_ / "text_encoder", text_encoder_config(), take_prefixed(unet, kTextEncoderPrefix),
+                       models::WeightFileNames::transformers().safetensors);
+  else
+    frozen.push_back("text_encoder");
+  write_model_folder(output_dir_ / "unet", pipe_->unet->config().to_json(), unet);
+  pipeline::copy_components(model_, output_dir_, frozen);
   write_trained_prediction_type(output_dir_ / "scheduler" / "scheduler_config.json");
   pipeline::write_model_index(output_dir_,
                               pipe_->model_index.value("scheduler", json::array({"", "PNDMScheduler"}))[1]);

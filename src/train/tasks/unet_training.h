@@ -1,6 +1,7 @@
 // UNet training as diffusers' examples/text_to_image/train_text_to_image.py does it (fine-tuning, or pretraining
 // from the UNet config's initialisation as MosaicML's benchmark does): the VAE and text encoder frozen, every UNet
-// parameter trained. A task on the training engine (train/trainer.h).
+// parameter trained (and, for DreamBooth's --train_text_encoder, every text-encoder parameter too). A task on the
+// training engine (train/trainer.h).
 #pragma once
 #include <optional>
 #include <string>
@@ -33,6 +34,7 @@ struct UNetTrainingOptions {
   std::optional<std::string> validation_scheduler;  // a scheduler name (schedulers/factory.h); none: the pipeline's
   int64_t validation_inference_steps = 20;          // not a flag: the script's 20, the LoRA script's 30
   bool from_scratch = false;                        // sdtrain's own: UNet weights from its config's initialisation
+  bool train_text_encoder = false;                  // DreamBooth's: the whole text encoder trains with the UNet
 
   // The reference script's defaults for the engine's flags.
   UNetTrainingOptions();

@@ -32,12 +32,10 @@ class UNetTrainingTask : public Task {
   std::string data_fingerprint() const override { return data_fingerprint_; }
   at::Tensor micro_batch_loss(int64_t step, int64_t micro) override;
 
-  nlohmann::json identity() const override { return {{"prediction_type", loss_->options().prediction_type}}; }
-  // As the script's accelerator.save_state hooks: unet/ and unet_ema/ load in diffusers on their own.
-  WholeTensorFiles checkpoint_files() const override {
-    return {"unet/diffusion_pytorch_model.safetensors", "{}", "unet_ema/diffusion_pytorch_model.safetensors", "{}",
-            "optimizer.safetensors"};
-  }
+  nlohmann::json identity() const override;
+  // As the script's accelerator.save_state hooks: unet/ (and text_encoder/) and unet_ema/ load in diffusers on their
+  // own.
+  WholeTensorFiles checkpoint_files() const override;
   void write_checkpoint_extras(const std::filesystem::path& dir) override;
   void after_step(const StepReport& report) override;
   bool wants_validation(int64_t step, bool last_step) const override;
@@ -46,7 +44,7 @@ class UNetTrainingTask : public Task {
   nlohmann::json step_metrics() override { return {{"data_wait_s", source_->take_wait_seconds()}}; }
 
  protected:
-  // Text embeddings of a batch's token ids (the text encoder is frozen here, so no graph is recorded).
+  // Text embeddings of a batch's token ids, with the graph only when the text encoder trains.
   virtual at::Tensor encode_text(const at::Tensor& input_ids);
   // <output_dir>/replay.safetensors: each step's loss, lr, grad norm and EMA decay, then the final tensors.
   void write_replay_record(const io::TensorMap& weights, const io::TensorMap& ema) const;
@@ -66,6 +64,7 @@ class UNetTrainingTask : public Task {
   void encode(data::TrainingBatch& batch);
   DenoisingDraws draw(const data::TrainingBatch& batch, const data::BatchRequest& request) const;
   nlohmann::json ema_config() const;
+  nlohmann::json text_encoder_config() const;
   // Rewrites the exported scheduler config's prediction_type when training used another one.
   void write_trained_prediction_type(const std::filesystem::path& scheduler_config) const;
 
