@@ -71,6 +71,10 @@ void add_dreambooth(CLI::App& app, std::function<int()>& chosen) {
   flag(cmd, "--sample_batch_size", d.sample_batch_size, "Class images generated per pipeline call")
       ->check(in_range(1, 1024))
       ->group(data);
+  flag(cmd, "--prior_generation_precision", d.prior_generation_precision,
+       "Precision of the pipeline generating them: fp32 or bf16 (fp16 is taken as bf16); default: --mixed_precision's")
+      ->check(CLI::IsMember({"no", "fp32", "fp16", "bf16"}))
+      ->group(data);
   flag(cmd, "--resolution", o->data.transform.resolution, "Training image size")
       ->check(in_range(8, 16384))
       ->group(data);
@@ -116,8 +120,6 @@ void add_dreambooth(CLI::App& app, std::function<int()>& chosen) {
 
   add_trainer_flags(cmd, o->training);
   add_python_only_training_flags(cmd);
-  accepted_python_flag(cmd, "--prior_generation_precision", true,
-                       "class images are generated in the precision the pipeline is loaded in for training");
   auto* pre_compute =
       accepted_python_flag(cmd, "--pre_compute_text_embeddings", false,
                            "the two prompts are encoded with each batch; the text encoder is small beside the UNet");

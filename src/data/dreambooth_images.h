@@ -21,8 +21,9 @@ struct DreamBoothDataOptions {
   std::string class_data_dir;
   std::string class_prompt;
   bool with_prior_preservation = false;
-  int64_t num_class_images = 100;  // class images trained on (and generated up to when fewer)
-  int64_t sample_batch_size = 4;   // class images generated per pipeline call
+  int64_t num_class_images = 100;          // class images trained on (and generated up to when fewer)
+  int64_t sample_batch_size = 4;           // class images generated per pipeline call
+  std::string prior_generation_precision;  // of that pipeline: "no" or "fp32", "fp16" or "bf16"; "": the run's
 };
 
 // The image files directly in `dir`, in name order; none when it does not exist.

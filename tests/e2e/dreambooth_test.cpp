@@ -68,10 +68,38 @@ TEST(DreamBoothE2E, WithoutPriorPreservationTrainsAsTrainOnAKohyaFolderOfTheInst
 }
 
 // The class image the pipeline draws from `seed`, as `sdtrain generate` writes it.
-io::RgbImage generated(const fs::path& dir, int64_t seed) {
+io::RgbImage generated(const fs::path& dir, int64_t seed, const std::string& mixed_precision = "no") {
   run_ok({sd::test::sdtrain_binary(), "generate", "--model=" + tiny_sd1().string(), "--prompt=a photo of dog",
-          fmt::format("--seed={}", seed), "--threads=1", "--output_dir=" + dir.string()});
+          fmt::format("--seed={}", seed), "--threads=1", "--mixed_precision=" + mixed_precision,
+          "--output_dir=" + dir.string()});
   return io::load_image_rgb(dir / fmt::format("p0-s{}-i0.png", seed));
+}
+
+// The class images come from a pipeline of their own in --prior_generation_precision, else in --mixed_precision's:
+// the bf16 image `sdtrain generate --mixed_precision bf16` draws, whatever precision training runs in.
+TEST(DreamBoothE2E, ClassImagesAreGeneratedInThePriorGenerationPrecision) {
+  sd::test::TempDir dir;
+  write_instances(dir.path() / "sks");
+  const std::string bf16_image = io::encode_jpeg(generated(dir.path() / "generate", 7, "bf16"), 75);
+  for (const std::vector<std::string>& precision :
+       {std::vector<std::string>{"--prior_generation_precision=bf16"},
+        std::vector<std::string>{"--prior_generation_precision=fp16", "--mixed_precision=no"},
+        std::vector<std::string>{"--mixed_precision=bf16"}}) {
+    SCOPED_TRACE(precision.front());
+    sd::test::TempDir run;
+    std::vector<std::string> args = short_run(run.path() / "out");
+    for (const std::string& flag :
+         {"--instance_data_dir=" + (dir.path() / "sks").string(), std::string("--instance_prompt=a photo of sks dog"),
+          std::string("--with_prior_preservation"), "--class_data_dir=" + (run.path() / "dog").string(),
+          std::string("--class_prompt=a photo of dog"), std::string("--num_class_images=1"),
+          std::string("--max_train_steps=1"), std::string("--seed=7")})
+      args.push_back(flag);
+    args.insert(args.end(), precision.begin(), precision.end());
+    run_ok(sd::test::tiny_training_command("dreambooth", args));
+    const std::set<std::string> images = names_in(run.path() / "dog");
+    ASSERT_EQ(images.size(), 1U);
+    EXPECT_TRUE(io::read_text_file(run.path() / "dog" / *images.begin()) == bf16_image);
+  }
 }
 
 TEST(DreamBoothE2E, MissingClassImagesAreGeneratedAsGenerateDrawsThemSavedAsTheScriptNamesThemAndKept) {
@@ -234,6 +262,9 @@ TEST(DreamBoothE2E, BadCommandLinesAreOneErrorLine) {
   EXPECT_EQ(error_of({"--with_prior_preservation", "--class_prompt=dog"}),
             "sdtrain: error: --with_prior_preservation: needs --class_data_dir and --class_prompt (see --help)\n");
   EXPECT_EQ(error_of({"--validation_scheduler=Nope"}).rfind("sdtrain: error: --validation_scheduler: Nope not in", 0),
+            0U);
+  EXPECT_EQ(error_of({"--prior_generation_precision=fp64"})
+                .rfind("sdtrain: error: --prior_generation_precision: fp64 not in {no,fp32,fp16,bf16}", 0),
             0U);
   const std::string missing = (dir.path() / "none").string();
   // Found before any class image is generated into the folder.

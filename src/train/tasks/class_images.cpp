@@ -11,6 +11,7 @@
 #include "io/jpeg.h"
 #include "pipeline/txt2img.h"
 #include "schedulers/factory.h"
+#include "train/precision.h"
 
 namespace sd::train {
 
@@ -24,10 +25,21 @@ std::string class_image_name(int64_t index, const io::RgbImage& image) {
   return fmt::format("{}-{}.jpg", index, c10::sha1(pixels).str());
 }
 
+// The script's torch_dtype is the flag's, else float16 on a GPU and float32 on a CPU; here the run's precision, so a
+// bf16 run generates at bf16's speed. float16 is taken as bf16, and bf16 as float32 on CPUs where bf16 runs slower,
+// as --mixed_precision takes them.
+at::ScalarType generation_dtype(const std::string& precision, at::ScalarType run_dtype) {
+  if (precision.empty()) return run_dtype;
+  const bool half = precision == "bf16" || precision == "fp16";
+  SD_CHECK(half || precision == "fp32" || precision == "no",
+           "--prior_generation_precision must be no, fp32, fp16 or bf16, got {}", precision);
+  return PrecisionPolicy::from_flag(half ? "bf16" : "no").frozen;
+}
+
 }  // namespace
 
-void generate_missing_class_images(pipeline::StableDiffusion& pipe, const data::DreamBoothDataOptions& o, uint64_t seed,
-                                   dist::Communicator& comm) {
+void generate_missing_class_images(const pipeline::ModelSource& model, const data::DreamBoothDataOptions& o,
+                                   at::ScalarType run_dtype, uint64_t seed, dist::Communicator& comm) {
   data::check_dreambooth_options(o);  // before an hour of generation, not after
   const fs::path dir = o.class_data_dir;
   std::error_code error;
@@ -39,6 +51,10 @@ void generate_missing_class_images(pipeline::StableDiffusion& pipe, const data::
   if (comm.rank() == 0)
     log::info("--class_data_dir {} holds {} of --num_class_images {}: generating {} from \"{}\"", dir.string(), have,
               o.num_class_images, missing, o.class_prompt);
+  // As `sdtrain generate` loads them, so image i is what it draws from seed + i: the text encoder stays float32.
+  pipeline::ComponentDtypes dtypes;
+  dtypes.unet = dtypes.vae = generation_dtype(o.prior_generation_precision, run_dtype);
+  pipeline::StableDiffusion pipe = pipeline::load_pipeline(model, dtypes);
   auto scheduler = schedulers::make_scheduler(pipe.scheduler_config);
   const int64_t batch = o.sample_batch_size, world = comm.world_size();
   for (int64_t first = comm.rank() * batch; first < missing; first += world * batch) {

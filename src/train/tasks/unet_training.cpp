@@ -72,6 +72,9 @@ UNetTrainingTask::UNetTrainingTask(const UNetTrainingOptions& o, RunContext& con
            "--train_latents, --synthetic_data latents and --replay_inputs run without");
   const int resolution = o.data.transform.resolution;
   SD_CHECK(resolution > 0 && resolution % 8 == 0, "--resolution {} must be a positive multiple of 8", resolution);
+  // By a pipeline of their own, as the script makes them, before the training models take their memory.
+  if (data::data_kind(o.data) == data::DataKind::kDreamBooth && o.data.dreambooth.with_prior_preservation)
+    generate_missing_class_images(model_, o.data.dreambooth, context_.precision.frozen, context_.seed, *context_.comm);
   load_models(with_encoders);
 
   schedulers::DDPMScheduler ddpm(pipe_->scheduler_config);
@@ -88,11 +91,6 @@ UNetTrainingTask::UNetTrainingTask(const UNetTrainingOptions& o, RunContext& con
   // keeps the pretrained scheduler's, so its pipeline samples a --prediction_type v_prediction model as epsilon).
   pipe_->scheduler_config.prediction_type = loss_options.prediction_type;
   pipe_->unet->set_memory_options(o.unet_memory);
-  if (data::data_kind(o.data) == data::DataKind::kDreamBooth && o.data.dreambooth.with_prior_preservation) {
-    pipe_->unet->eval();
-    generate_missing_class_images(*pipe_, o.data.dreambooth, context_.seed, *context_.comm);
-    pipe_->unet->train();
-  }
 
   data::TrainingData data = data::open_training_data(o.data, pipe_->tokenizer, model_shapes(), context_.seed,
                                                      context_.layout, context_.comm->rank());
