@@ -42,6 +42,10 @@ void add_dreambooth(CLI::App& app, std::function<int()>& chosen) {
   const std::string model = "Model";
   add_model_flags(cmd, "--pretrained_model_name_or_path", o->model, model)->required();
   add_unet_memory_flags(cmd, o->unet_memory, model);
+  auto* pre_compute = switch_flag(cmd, "--pre_compute_text_embeddings", o->pre_compute_text_embeddings,
+                                  "Encode the prompts once before training and release the text encoder (its "
+                                  "memory and each step's encoding saved)")
+                          ->group(model);
   switch_flag(cmd, "--train_text_encoder", o->train_text_encoder,
               "Train the whole text encoder with the UNet (float32 masters, as the UNet's); with --rank, LoRA "
               "adapters on its q_proj, k_proj, v_proj and out_proj")
@@ -120,9 +124,6 @@ void add_dreambooth(CLI::App& app, std::function<int()>& chosen) {
 
   add_trainer_flags(cmd, o->training);
   add_python_only_training_flags(cmd);
-  auto* pre_compute =
-      accepted_python_flag(cmd, "--pre_compute_text_embeddings", false,
-                           "the two prompts are encoded with each batch; the text encoder is small beside the UNet");
   accepted_python_flag(cmd, "--set_grads_to_none", false, "gradients are already cleared without zero-filling");
   accepted_python_flag(cmd, "--skip_save_text_encoder", false,
                        "the pipeline is saved whole, with its text encoder, so that it loads as it is");

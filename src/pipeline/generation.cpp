@@ -20,6 +20,11 @@ void check_generation_options(const GenerationOptions& o, const schedulers::Sche
   SD_CHECK(o.eta == 0 || dynamic_cast<const schedulers::DDIMScheduler*>(&scheduler),
            "eta {} needs the DDIM scheduler (scheduler ddim); {} takes no eta", o.eta, scheduler.class_name());
   SD_CHECK(!o.clip_skip || *o.clip_skip >= 0, "clip_skip must be >= 0, got {}", o.clip_skip.value_or(0));
+  for (const auto& [name, embeds] :
+       {std::pair{"prompt_embeds", &o.prompt_embeds}, std::pair{"negative_prompt_embeds", &o.negative_prompt_embeds}})
+    SD_CHECK(!embeds->defined() || (embeds->dim() == 3 && embeds->size(0) == static_cast<int64_t>(o.prompts.size())),
+             "{}: expected [{}, L, D] (one row block per prompt), got {}", name, o.prompts.size(),
+             c10::str(embeds->sizes()));
 }
 
 void prepare_scheduler(schedulers::Scheduler& scheduler, const GenerationOptions& o) {

@@ -36,6 +36,11 @@ struct GenerationOptions {
   // Skip this many text-encoder layers from the end (diffusers' clip_skip): the prompt rows are
   // final_layer_norm(hidden_states[-(clip_skip + 1)]). 0 is the same as none.
   std::optional<int> clip_skip;
+  // diffusers' prompt_embeds= and negative_prompt_embeds=: [P, L, D] text-encoder rows of the P prompts (and of their
+  // negative prompts) used instead of encoding them, e.g. by a training run that encoded its prompts once and
+  // released the text encoder. Each is given or not independently; clip_skip does not apply to given rows.
+  at::Tensor prompt_embeds;
+  at::Tensor negative_prompt_embeds;
 };
 
 // What one denoising step saw, for tests and debugging (references, not copies).

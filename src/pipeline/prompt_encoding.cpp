@@ -18,6 +18,7 @@ std::vector<std::string> negative_prompt_per_prompt(const GenerationOptions& o) 
 }  // namespace
 
 at::Tensor encode_text(StableDiffusion& pipe, const std::vector<std::string>& prompts, std::optional<int> clip_skip) {
+  SD_CHECK(!pipe.text_encoder.is_empty(), "the pipeline's text encoder was released: give the prompts' embeddings");
   at::NoGradGuard no_grad;
   const auto length = static_cast<int64_t>(pipe.tokenizer.model_max_length());
   std::vector<int64_t> ids;
@@ -36,11 +37,12 @@ at::Tensor encode_text(StableDiffusion& pipe, const std::vector<std::string>& pr
 }
 
 at::Tensor encode_prompt(StableDiffusion& pipe, const GenerationOptions& o, bool guidance) {
-  const at::Tensor cond = encode_text(pipe, o.prompts, o.clip_skip).repeat_interleave(o.num_images_per_prompt, 0);
+  const at::Tensor prompts = o.prompt_embeds.defined() ? o.prompt_embeds : encode_text(pipe, o.prompts, o.clip_skip);
+  const at::Tensor cond = prompts.repeat_interleave(o.num_images_per_prompt, 0);
   if (!guidance) return cond.to(at::kFloat);
-  const at::Tensor uncond =
-      encode_text(pipe, negative_prompt_per_prompt(o)).repeat_interleave(o.num_images_per_prompt, 0);
-  return at::cat({uncond, cond}).to(at::kFloat);
+  const at::Tensor negatives =
+      o.negative_prompt_embeds.defined() ? o.negative_prompt_embeds : encode_text(pipe, negative_prompt_per_prompt(o));
+  return at::cat({negatives.repeat_interleave(o.num_images_per_prompt, 0), cond}).to(at::kFloat);
 }
 
 }  // namespace sd::pipeline

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "models/model_test_util.h"
+#include "pipeline/prompt_encoding.h"
 #include "schedulers/ddim.h"
 #include "schedulers/factory.h"
 #include "test_util.h"
@@ -185,6 +186,30 @@ TEST(Txt2Img, GuidanceScaleOneSkipsTheUnconditionalBatch) {
   EXPECT_TRUE(matches_golden("step0 cond output", steps[0].unet_output[0], g.at("step0.unet_output")[1], kTol));
 }
 
+// diffusers' prompt_embeds= and negative_prompt_embeds=: given rows are what the UNet sees (each half on its own),
+// and the prompts' own rows give the images encoding them gives.
+TEST(Txt2Img, GivenPromptEmbeddingsReplaceEncoding) {
+  StableDiffusion& pipe = tiny_sd1();
+  Txt2ImgOptions o;
+  o.prompts = {kPrompt};
+  o.num_inference_steps = 2;
+  auto scheduler = schedulers::make_scheduler(pipe.scheduler_config, "ddim");
+  const GenerationResult encoded = txt2img(pipe, *scheduler, o);
+  Txt2ImgOptions given = o;
+  given.prompt_embeds = encode_text(pipe, {kPrompt});
+  given.negative_prompt_embeds = encode_text(pipe, {""});
+  const GenerationResult same = txt2img(pipe, *scheduler, given);
+  EXPECT_TRUE(at::equal(same.encoder_hidden_states, encoded.encoder_hidden_states));
+  EXPECT_TRUE(at::equal(same.images_uint8, encoded.images_uint8));
+  given.prompt_embeds = at::zeros_like(given.prompt_embeds);
+  const at::Tensor rows = txt2img(pipe, *scheduler, given).encoder_hidden_states;
+  EXPECT_TRUE(at::equal(rows[0], encoded.encoder_hidden_states[0]));  // the negative half, still given
+  EXPECT_EQ(rows[1].abs().max().item<float>(), 0.0f);
+  given = o;
+  given.negative_prompt_embeds = at::zeros_like(encoded.encoder_hidden_states.slice(0, 0, 1));
+  EXPECT_EQ(txt2img(pipe, *scheduler, given).encoder_hidden_states[0].abs().max().item<float>(), 0.0f);
+}
+
 // rescale_noise_cfg (arXiv 2305.08891 eq. 15-16) in float64: phi * cfg * std(text) / std(cfg) + (1 - phi) * cfg,
 // with per-image unbiased standard deviations.
 TEST(Txt2Img, RescaleNoiseCfgIsThePapersFormula) {
@@ -295,6 +320,11 @@ TEST(Txt2Img, RejectsBadInput) {
   bad = o;
   bad.guidance_rescale = 1.5;
   EXPECT_NE(message(bad).find("guidance_rescale must be in [0, 1]"), std::string::npos) << message(bad);
+  bad = o;
+  bad.prompt_embeds = at::zeros({2, 77, 32});
+  EXPECT_NE(message(bad).find("prompt_embeds: expected [1, L, D] (one row block per prompt), got [2, 77, 32]"),
+            std::string::npos)
+      << message(bad);
   bad = o;
   bad.clip_skip = -1;
   EXPECT_NE(message(bad).find("clip_skip must be >= 0"), std::string::npos) << message(bad);

@@ -9,6 +9,7 @@
 #include "data/random_streams.h"
 #include "io/atomic_file.h"
 #include "models/weights.h"
+#include "pipeline/prompt_encoding.h"
 #include "pipeline/txt2img.h"
 #include "schedulers/ddpm.h"
 #include "schedulers/factory.h"
@@ -102,6 +103,7 @@ UNetTrainingTask::UNetTrainingTask(const UNetTrainingOptions& o, RunContext& con
            "--max_train_steps {} exceeds the {} step(s) --replay_inputs holds", o.training.max_train_steps.value_or(0),
            replay_steps_.value_or(0));
   steps_per_epoch_ = data::steps_per_epoch(planner_->samples_per_epoch(), context_.layout);
+  if (o.pre_compute_text_embeddings) pre_compute_text_embeddings();
 }
 
 void UNetTrainingTask::load_models(bool with_encoders) {
@@ -131,6 +133,28 @@ void UNetTrainingTask::load_models(bool with_encoders) {
            pipe_->vae_scale_factor());
 }
 
+void UNetTrainingTask::pre_compute_text_embeddings() {
+  SD_CHECK(data::data_kind(o_.data) == data::DataKind::kDreamBooth,
+           "--pre_compute_text_embeddings needs DreamBooth's fixed prompts");
+  SD_CHECK(!o_.train_text_encoder, "--train_text_encoder cannot be used with --pre_compute_text_embeddings");
+  at::NoGradGuard no_grad;
+  const data::DreamBoothDataOptions& d = o_.data.dreambooth;
+  std::vector<std::string> prompts = {d.instance_prompt};
+  if (d.with_prior_preservation) prompts.push_back(d.class_prompt);
+  for (const std::string& prompt : prompts) {
+    const std::vector<int64_t> ids = pipe_->tokenizer.encode(prompt);
+    precomputed_rows_[ids] = pipe_->text_encoder->forward(at::tensor(ids, at::kLong).unsqueeze(0)).last_hidden_state;
+  }
+  if (!o_.validation_prompts.empty()) {
+    validation_embeds_ = pipeline::encode_text(*pipe_, o_.validation_prompts);
+    validation_negative_embeds_ =
+        pipeline::encode_text(*pipe_, std::vector<std::string>(o_.validation_prompts.size(), ""));
+  }
+  pipe_->text_encoder = models::ClipTextModel(nullptr);
+  log::info("--pre_compute_text_embeddings: {} prompt(s) encoded; the text encoder is released",
+            prompts.size() + o_.validation_prompts.size());
+}
+
 data::ModelShapes UNetTrainingTask::model_shapes() const {
   data::ModelShapes shapes;
   shapes.latent_channels = pipe_->unet->config().in_channels;
@@ -153,8 +177,21 @@ std::vector<NamedParameter> UNetTrainingTask::trainable_parameters() {
 }
 
 at::Tensor UNetTrainingTask::encode_text(const at::Tensor& input_ids) {
+  if (!precomputed_rows_.empty()) return precomputed_text(input_ids);
   at::AutoGradMode graph_if_trained(o_.train_text_encoder);
   return pipe_->text_encoder->forward(input_ids).last_hidden_state;
+}
+
+at::Tensor UNetTrainingTask::precomputed_text(const at::Tensor& input_ids) const {
+  const at::Tensor ids = input_ids.contiguous();
+  std::vector<at::Tensor> rows;
+  for (int64_t i = 0; i < ids.size(0); ++i) {
+    const int64_t* row = ids[i].data_ptr<int64_t>();
+    const auto found = precomputed_rows_.find(std::vector<int64_t>(row, row + ids.size(1)));
+    SD_CHECK(found != precomputed_rows_.end(), "a batch holds a caption the prompts pre-computed do not");
+    rows.push_back(found->second);
+  }
+  return at::cat(rows);
 }
 
 json UNetTrainingTask::identity() const {
@@ -266,6 +303,8 @@ at::Tensor UNetTrainingTask::validation_images(int64_t step) {
   options.num_images_per_prompt = o_.num_validation_images;
   options.num_inference_steps = o_.validation_inference_steps;
   options.seed = context_.seed;
+  options.prompt_embeds = validation_embeds_;
+  options.negative_prompt_embeds = validation_negative_embeds_;
   const at::Tensor images =
       pipeline::txt2img_with_progress(*pipe_, *scheduler, options, fmt::format("validation at step {}", step))
           .images_uint8;

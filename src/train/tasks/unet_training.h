@@ -35,6 +35,7 @@ struct UNetTrainingOptions {
   int64_t validation_inference_steps = 20;          // not a flag: the script's 20, the LoRA script's 30
   bool from_scratch = false;                        // sdtrain's own: UNet weights from its config's initialisation
   bool train_text_encoder = false;                  // DreamBooth's: the whole text encoder trains with the UNet
+  bool pre_compute_text_embeddings = false;         // DreamBooth's: its prompts encoded once, the encoder released
 
   // The reference script's defaults for the engine's flags.
   UNetTrainingOptions();

@@ -2,6 +2,7 @@
 // (train/tasks/lora_training.h) trains adapters on a frozen UNet with the same data, noise, loss and validation.
 #pragma once
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -59,6 +60,11 @@ class UNetTrainingTask : public Task {
 
  private:
   void load_models(bool with_encoders);
+  // --pre_compute_text_embeddings: DreamBooth's prompts (and the validation prompts) are encoded once, one at a
+  // time as the script encodes them, and the text encoder is released for the rest of the run.
+  void pre_compute_text_embeddings();
+  // The pre-computed rows of each prompt in a batch's token ids.
+  at::Tensor precomputed_text(const at::Tensor& input_ids) const;
   data::ModelShapes model_shapes() const;
   // The VAE posterior and text embeddings of a batch of pixels and captions.
   void encode(data::TrainingBatch& batch);
@@ -77,6 +83,8 @@ class UNetTrainingTask : public Task {
   std::optional<int64_t> replay_steps_;
   std::string data_fingerprint_;
   io::TensorMap replay_record_;  // per step: loss, lr, grad_norm, ema_decay (with --replay_inputs)
+  std::map<std::vector<int64_t>, at::Tensor> precomputed_rows_;  // token ids -> [1, L, D] text rows
+  at::Tensor validation_embeds_, validation_negative_embeds_;    // [P, L, D] when pre-computed
 };
 
 }  // namespace sd::train
