@@ -51,6 +51,9 @@ class ImageCaptionDataset {
   virtual std::string layout() const = 0;
   // Keeps the samples at `indices`, in that order.
   virtual void select(const std::vector<int64_t>& indices) = 0;
+  // A digest of what was listed (data/listing_fingerprint.h): ranks compare it at start-up, since each node may
+  // hold its own copy of the data.
+  virtual std::string fingerprint() const = 0;
 
   // Sample `index` decoded; if it is unusable, the next sample (wrapping around) that is, with a warning the first
   // time each sample is replaced, counting them. The replacement depends on the index alone, so every rank and every

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/text.h"
+#include "data/listing_fingerprint.h"
 #include "io/atomic_file.h"
 #include "io/csv.h"
 
@@ -263,6 +264,16 @@ std::string ImageFolderDataset::image_head(int64_t index, uint64_t bytes) const 
   file.read(head.data(), static_cast<std::streamsize>(bytes));
   head.resize(static_cast<size_t>(file.gcount()));
   return head;
+}
+
+std::string ImageFolderDataset::fingerprint() const {
+  std::vector<std::filesystem::path> files;
+  std::vector<std::string> captions;
+  for (const CaptionedImage& sample : samples_) {
+    files.push_back(sample.image);
+    captions.push_back(fmt::format("{}", fmt::join(sample.captions, "\n")));
+  }
+  return text_fingerprint({listing_fingerprint(files), text_fingerprint(captions)});
 }
 
 }  // namespace sd::data

@@ -49,6 +49,8 @@ class ImageFolderDataset : public ImageCaptionDataset {
   std::string describe(int64_t index) const override { return samples_.at(index).image.string(); }
   std::string layout() const override { return layout_; }
   void select(const std::vector<int64_t>& indices) override { keep_indices(samples_, indices); }
+  // Each image's name and size, and each sample's captions.
+  std::string fingerprint() const override;
 
  private:
   std::vector<CaptionedImage> samples_;

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "data/listing_fingerprint.h"
 #include "io/atomic_file.h"
 #include "io/json_config.h"
 #include "io/safetensors.h"
@@ -141,6 +142,14 @@ void LatentDataset::check_shard(const LatentsIndex::Shard& shard) {
     sizes_.push_back(
         {static_cast<int>(shape[2]), static_cast<int>(shape[1])});  // n == sizes_.size(): shards are consecutive
   }
+}
+
+std::string LatentDataset::fingerprint() const {
+  std::vector<fs::path> files;
+  for (const LatentsIndex::Shard& shard : index_.shards) files.push_back(dir_ / shard.file);
+  std::vector<std::string> kept;
+  for (int64_t sample : samples_) kept.push_back(std::to_string(sample));
+  return text_fingerprint({listing_fingerprint(files), text_fingerprint(kept)});
 }
 
 const LatentsIndex::Shard& LatentDataset::shard_of(int64_t sample) const {

@@ -86,6 +86,9 @@ class LatentDataset {
   const at::Tensor& empty_caption() const { return empty_caption_; }
   // Keeps the samples at `indices`, in that order.
   void select(const std::vector<int64_t>& indices) { keep_indices(samples_, indices); }
+  // A digest of the shards' names and sizes and of the samples kept (data/listing_fingerprint.h): ranks compare it
+  // at start-up, since each node may hold its own copy.
+  std::string fingerprint() const;
 
  private:
   const LatentsIndex::Shard& shard_of(int64_t sample) const;

@@ -7,7 +7,6 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "data/image_folder_dataset.h"
-#include "data/listing_fingerprint.h"
 #include "data/shard_pattern.h"
 #include "data/webdataset.h"
 
@@ -111,6 +110,7 @@ TrainingData open_images(const TrainingDataOptions& o, const text::ClipTokenizer
     log_buckets(source.buckets, bucket_of, 1);
   }
   TrainingData data;
+  data.listing_fingerprint = dataset->fingerprint();
   data.planner = std::make_unique<BatchPlanner>(dataset->size(), layout, rank, seed, std::move(bucket_of));
   data.source = std::make_unique<ImageCaptionSource>(std::move(dataset), tokenizer, source, seed, *data.planner);
   return data;
@@ -120,17 +120,15 @@ TrainingData open_images(const TrainingDataOptions& o, const text::ClipTokenizer
 TrainingData open_dreambooth(const TrainingDataOptions& o, const text::ClipTokenizer& tokenizer, const uint64_t& seed,
                              const BatchLayout& layout, int rank) {
   DreamBoothImages images = dreambooth_images(o.dreambooth, o.prior_loss_weight);
+  auto dataset = std::make_unique<ImageFolderDataset>(std::move(images.samples), "dreambooth");
   TrainingData data;
-  std::vector<std::filesystem::path> files;
-  for (const CaptionedImage& sample : images.samples) files.push_back(sample.image);
-  data.listing_fingerprint = data::listing_fingerprint(files);
+  data.listing_fingerprint = dataset->fingerprint();
   if (images.pairs.classes == 0)
     data.planner = std::make_unique<BatchPlanner>(images.pairs.instances, layout, rank, seed);
   else
     data.planner = std::make_unique<BatchPlanner>(images.pairs, layout, rank, seed);
-  data.source = std::make_unique<ImageCaptionSource>(
-      std::make_unique<ImageFolderDataset>(std::move(images.samples), "dreambooth"), tokenizer,
-      image_source_options(o, layout), seed, *data.planner);
+  data.source = std::make_unique<ImageCaptionSource>(std::move(dataset), tokenizer, image_source_options(o, layout),
+                                                     seed, *data.planner);
   return data;
 }
 
@@ -179,6 +177,7 @@ TrainingData open_latents(const TrainingDataOptions& o, const ModelShapes& model
     log_buckets(buckets, bucket_of, model.vae_scale_factor);
   }
   TrainingData data;
+  data.listing_fingerprint = dataset->fingerprint();
   data.planner = std::make_unique<BatchPlanner>(dataset->size(), layout, rank, seed, std::move(bucket_of));
   data.source =
       std::make_unique<LatentSource>(std::move(dataset), o.captions, loader_options(o, layout), seed, *data.planner);

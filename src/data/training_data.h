@@ -67,8 +67,8 @@ struct TrainingData {
   std::unique_ptr<BatchPlanner> planner;
   std::unique_ptr<BatchSource> source;
   std::optional<int64_t> replay_steps;  // with --replay_inputs: the steps its file holds
-  // DreamBooth's: a digest of the image files (data/listing_fingerprint.h) ranks compare at start-up, since each
-  // node may hold its own copy of the class images; empty for other data.
+  // A digest of the listed files (ImageCaptionDataset::fingerprint, LatentDataset::fingerprint) ranks compare at
+  // start-up, since each node may hold its own copy of the data; empty for synthetic and replayed data.
   std::string listing_fingerprint;
 };
 

@@ -8,6 +8,7 @@
 
 #include "core/log.h"
 #include "core/text.h"
+#include "data/listing_fingerprint.h"
 #include "data/prefetcher.h"
 #include "io/tar_reader.h"
 
@@ -178,6 +179,10 @@ std::vector<std::string> WebDatasetShards::captions_of(int64_t index, const std:
       fmt::format("{}: no .txt caption, and its .json has no '{}' or 'caption' that is a string or a "
                   "list of strings",
                   describe(index), caption_key_));
+}
+
+std::string WebDatasetShards::fingerprint() const {
+  return text_fingerprint({listing_fingerprint(shards_), std::to_string(samples_.size())});
 }
 
 }  // namespace sd::data

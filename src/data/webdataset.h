@@ -64,6 +64,8 @@ class WebDatasetShards : public ImageCaptionDataset {
   std::string describe(int64_t index) const override;
   std::string layout() const override { return "webdataset"; }
   void select(const std::vector<int64_t>& indices) override { keep_indices(samples_, indices); }
+  // The shards' names and sizes, and the samples kept.
+  std::string fingerprint() const override;
 
   int64_t num_shards() const { return static_cast<int64_t>(shards_.size()); }
 

@@ -32,6 +32,26 @@ TEST(ImageFolderDataset, TheRunsOwnOutputFolderIsNotListed) {
   EXPECT_EQ(ImageFolderDataset({data, "image", "text", {}}).size(), 3);
 }
 
+// Ranks compare the fingerprint: the same copy at another mount point agrees; another caption or image does not.
+TEST(ImageFolderDataset, FingerprintIsTheImagesNamesAndSizesAndTheCaptions) {
+  sd::test::TempDir dir;
+  for (const fs::path& copy : {dir.path() / "node0", dir.path() / "node1"}) {
+    write_captioned_png(copy / "a.png", "a cat");
+    write_captioned_png(copy / "b.png", "a dog");
+  }
+  auto fingerprint = [&](const fs::path& data) {
+    return ImageFolderDataset({data, "image", "text", {}}).fingerprint();
+  };
+  const std::string node0 = fingerprint(dir.path() / "node0");
+  EXPECT_EQ(fingerprint(dir.path() / "node1"), node0);
+  std::ofstream(dir.path() / "node1" / "b.txt") << "a wolf";
+  EXPECT_NE(fingerprint(dir.path() / "node1"), node0);
+  write_captioned_png(dir.path() / "node1" / "b.png", "a dog");
+  EXPECT_EQ(fingerprint(dir.path() / "node1"), node0);
+  sd::test::write_pattern_png(dir.path() / "node1" / "b.png", 40, 36, 9);
+  EXPECT_NE(fingerprint(dir.path() / "node1"), node0);
+}
+
 std::vector<std::string> captions_by_image(const ImageFolderDataset& dataset) {
   std::vector<std::string> out;
   for (int64_t k = 0; k < dataset.size(); ++k)

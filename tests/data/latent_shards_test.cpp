@@ -72,6 +72,22 @@ TEST_F(LatentShards, ReadsWhatTheFormatDescribes) {
   EXPECT_FALSE(LatentDataset(dir(), 64).has_empty_caption());
 }
 
+// Ranks compare the fingerprint: the same copy at another mount point agrees; another shard size or another subset
+// of the samples does not.
+TEST_F(LatentShards, FingerprintIsTheShardsNamesAndSizesAndTheSamplesKept) {
+  const std::string whole = LatentDataset(dir(), 64).fingerprint();
+  const fs::path copy = dir() / "copy";
+  fs::create_directories(copy);
+  for (const char* file : {"index.json", "latents-00000.safetensors", "latents-00001.safetensors"})
+    fs::copy_file(dir() / file, copy / file);
+  EXPECT_EQ(LatentDataset(copy, 64).fingerprint(), whole);
+  LatentDataset subset(copy, 64);
+  subset.select({2, 0});
+  EXPECT_NE(subset.fingerprint(), whole);
+  io::save_safetensors(copy / "latents-00001.safetensors", sample(2, 2));  // another caption
+  EXPECT_NE(LatentDataset(copy, 64).fingerprint(), whole);
+}
+
 TEST_F(LatentShards, MissingOrMismatchedPiecesAreOneErrorNamingThem) {
   auto error = [&](int resolution = 64) { return sd::test::error_of([&] { LatentDataset(dir(), resolution); }); };
   EXPECT_NE(error(256).find("holds latents at resolution(s) 64, not at --resolution 256"), std::string::npos);

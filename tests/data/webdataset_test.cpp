@@ -189,5 +189,24 @@ TEST(WebDataset, ShardsWithoutAnyUsableSampleAreAnError) {
             "follow each other in the tar, as `tar --sort=name` and img2dataset write them)");
 }
 
+// Ranks compare the fingerprint: the same shards at another mount point agree; a shard of another size does not.
+TEST(WebDataset, FingerprintIsTheShardsNamesAndSizes) {
+  TempDir dir;
+  for (const fs::path& folder : {dir.path() / "a", dir.path() / "b"}) {
+    fs::create_directories(folder);
+    TarBuilder().file("0.jpg", "J0").file("0.txt", "a red car").end().write(folder / "0.tar");
+  }
+  const std::string a = WebDatasetShards({dir.path() / "a" / "0.tar"}, "text", 1).fingerprint();
+  EXPECT_EQ(WebDatasetShards({dir.path() / "b" / "0.tar"}, "text", 1).fingerprint(), a);
+  TarBuilder()
+      .file("0.jpg", "J0")
+      .file("0.txt", "a red car")
+      .file("1.jpg", "J1")
+      .file("1.txt", "x")
+      .end()
+      .write(dir.path() / "b" / "0.tar");
+  EXPECT_NE(WebDatasetShards({dir.path() / "b" / "0.tar"}, "text", 1).fingerprint(), a);
+}
+
 }  // namespace
 }  // namespace sd::data
