@@ -170,6 +170,12 @@ std::vector<at::Tensor> adapter_tensors(const torch::nn::Module& model) {
   return tensors;
 }
 
+std::vector<at::Tensor> parameters_and_adapters(const torch::nn::Module& block) {
+  std::vector<at::Tensor> tensors = block.parameters(/*recurse=*/true);
+  for (const at::Tensor& t : adapter_tensors(block)) tensors.push_back(t);
+  return tensors;
+}
+
 void merge_adapters(torch::nn::Module& model) {
   for (auto& [path, host] : lora_hosts(model)) host->merge_adapters();
 }

@@ -139,6 +139,8 @@ std::vector<std::pair<std::string, LoraHost*>> lora_hosts(torch::nn::Module& mod
 // The down and up tensors of every adapter attached anywhere in `model` (what a block reads besides its
 // parameters, e.g. for gradient checkpointing).
 std::vector<at::Tensor> adapter_tensors(const torch::nn::Module& model);
+// What a checkpointed block reads besides its inputs: its parameters and any adapters attached to its layers.
+std::vector<at::Tensor> parameters_and_adapters(const torch::nn::Module& block);
 void merge_adapters(torch::nn::Module& model);
 
 }  // namespace sd::models

@@ -4,7 +4,9 @@
 
 #include "core/error.h"
 #include "io/atomic_file.h"
+#include "models/checkpoint.h"
 #include "models/diffusers_blocks.h"
+#include "models/lora.h"
 #include "models/small_head_attention.h"
 #include "models/weights.h"
 
@@ -133,7 +135,11 @@ ClipTextOutput ClipTextModelImpl::forward(const at::Tensor& input_ids, const at:
                                                         : static_cast<double>(std::numeric_limits<float>::lowest());
   const at::Tensor mask = at::full({s, s}, neg, h.options()).triu(1);
   for (const auto& layer : *text_model->encoder->layers) {
-    h = layer->as<ClipEncoderLayer>()->forward(h, mask);
+    auto* impl = layer->as<ClipEncoderLayer>();
+    h = gradient_checkpointing_
+            ? checkpoint([impl, mask](const TensorList& in) { return TensorList{impl->forward(in[0], mask)}; }, {h},
+                         parameters_and_adapters(*impl))[0]
+            : impl->forward(h, mask);
     out.hidden_states.push_back(h);
   }
   out.last_hidden_state = layer_norm(text_model->final_layer_norm, h);

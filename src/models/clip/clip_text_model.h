@@ -115,12 +115,17 @@ class ClipTextModelImpl : public torch::nn::Module {
   // --mixed_precision bf16. Later changes to the shared tensors (e.g. resizing the token table) are not seen.
   ClipTextModel with_linears_in(at::ScalarType dtype);
 
+  // transformers' gradient_checkpointing_enable(): when a gradient is needed, each encoder layer keeps only its input
+  // for backward and runs again there.
+  void set_gradient_checkpointing(bool on) { gradient_checkpointing_ = on; }
+
   const ClipTextConfig& config() const { return config_; }
 
   ClipTextTransformer text_model{nullptr};
 
  private:
   ClipTextConfig config_;
+  bool gradient_checkpointing_ = false;
 };
 TORCH_MODULE(ClipTextModel);
 

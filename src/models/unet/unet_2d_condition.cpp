@@ -120,12 +120,6 @@ UNet2DConditionModelImpl::UNet2DConditionModelImpl(UNetConfig config) : config_(
 
 namespace {
 std::string shape_str(at::IntArrayRef s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
-// What a checkpointed block reads besides its inputs: its parameters and any LoRA adapters attached to its layers.
-std::vector<at::Tensor> params_of(const nn::Module& m) {
-  std::vector<at::Tensor> params = m.parameters(/*recurse=*/true);
-  for (const at::Tensor& t : adapter_tensors(m)) params.push_back(t);
-  return params;
-}
 }  // namespace
 
 void UNet2DConditionModelImpl::set_memory_options(const UNetMemoryOptions& o) {
@@ -188,7 +182,7 @@ std::vector<at::Tensor> UNet2DConditionModelImpl::run_down(size_t i, const at::T
   at::Tensor ctx = block->has_attention() ? context : at::Tensor();
   auto impl = block.ptr();
   return checkpoint([impl](const TensorList& in) { return impl->forward(in[0], in[1], in[2]); }, {h, temb, ctx},
-                    params_of(*impl));
+                    parameters_and_adapters(*impl));
 }
 
 at::Tensor UNet2DConditionModelImpl::run_mid(const at::Tensor& h, const at::Tensor& temb, const at::Tensor& context) {
@@ -196,7 +190,7 @@ at::Tensor UNet2DConditionModelImpl::run_mid(const at::Tensor& h, const at::Tens
   if (!checkpoints_level(down_.size() - 1)) return block->forward(h, temb, context);
   auto impl = block.ptr();
   return checkpoint([impl](const TensorList& in) { return TensorList{impl->forward(in[0], in[1], in[2])}; },
-                    {h, temb, context}, params_of(*impl))[0];
+                    {h, temb, context}, parameters_and_adapters(*impl))[0];
 }
 
 at::Tensor UNet2DConditionModelImpl::run_up(size_t i, const at::Tensor& h, const std::vector<at::Tensor>& skips,
@@ -211,7 +205,7 @@ at::Tensor UNet2DConditionModelImpl::run_up(size_t i, const at::Tensor& h, const
     TensorList block_skips(in.begin() + 3, in.end());
     return TensorList{impl->forward(in[0], block_skips, in[1], in[2], upsample_size)};
   };
-  return checkpoint(fn, inputs, params_of(*impl))[0];
+  return checkpoint(fn, inputs, parameters_and_adapters(*impl))[0];
 }
 
 at::Tensor UNet2DConditionModelImpl::forward(const at::Tensor& sample_in, const at::Tensor& timestep,

@@ -128,6 +128,9 @@ void UNetTrainingTask::load_models(bool with_encoders) {
        {static_cast<torch::nn::Module*>(pipe_->text_encoder.get()), static_cast<torch::nn::Module*>(pipe_->vae.get())})
     for (auto& p : module->parameters()) p.set_requires_grad(false);
   if (o_.train_text_encoder) pipe_->text_encoder->train();
+  // As the scripts' --gradient_checkpointing with a text encoder that trains (or its adapters do); a frozen one runs
+  // without a graph, where checkpointing does nothing.
+  pipe_->text_encoder->set_gradient_checkpointing(o_.unet_memory.gradient_checkpointing);
   SD_CHECK(o_.data.transform.resolution % pipe_->vae_scale_factor() == 0,
            "--resolution {} must be divisible by {} (the VAE's factor)", o_.data.transform.resolution,
            pipe_->vae_scale_factor());

@@ -1,6 +1,7 @@
 #include "models/clip/clip_text_model.h"
 
 #include <cstdio>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -92,6 +93,29 @@ TEST(ClipTextModel, SmallHeadsTakeTheFusedCausalAttention) {
   const at::Tensor out = float64->forward(ids).last_hidden_state;
   EXPECT_FALSE(sd::test::graph_has_node(out, "SmallHeadAttention"));
   EXPECT_TRUE(sd::test::graph_has_node(out, "BmmBackward"));
+}
+
+// transformers' gradient checkpointing: the same outputs and parameter gradients, the layers' activations recomputed
+// in backward instead of kept (only the layer inputs stay in the graph).
+TEST(ClipTextModel, GradientCheckpointingGivesTheSameGradients) {
+  const auto golden = io::load_safetensors(sd::test::golden("tiny-sd1/text_encoder.safetensors"));
+  auto gradients = [&](bool checkpointing) {
+    ClipTextModel model = load_text_encoder(encoder_dir("tiny-sd1"));
+    model->set_gradient_checkpointing(checkpointing);
+    const at::Tensor out = model->forward(golden.at("input.input_ids")).last_hidden_state;
+    EXPECT_EQ(sd::test::graph_has_node(out, "SmallHeadAttention"), !checkpointing);
+    (out * golden.at("input.loss_weights")).sum().backward();
+    std::map<std::string, at::Tensor> grads;
+    for (const auto& p : model->named_parameters()) grads[p.key()] = p.value().grad();
+    return std::make_pair(out.detach(), grads);
+  };
+  const auto [plain_out, plain] = gradients(false);
+  const auto [out, checkpointed] = gradients(true);
+  EXPECT_TRUE(at::equal(out, plain_out));
+  for (const auto& [name, grad] : plain) {
+    ASSERT_TRUE(checkpointed.at(name).defined()) << name;
+    EXPECT_TRUE(at::equal(checkpointed.at(name), grad)) << name;
+  }
 }
 
 TEST(ClipTextModel, Bf16WeightsRunAndStayClose) {
