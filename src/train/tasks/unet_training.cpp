@@ -140,14 +140,12 @@ void UNetTrainingTask::pre_compute_text_embeddings() {
   SD_CHECK(data::data_kind(o_.data) == data::DataKind::kDreamBooth,
            "--pre_compute_text_embeddings needs DreamBooth's fixed prompts");
   SD_CHECK(!o_.train_text_encoder, "--train_text_encoder cannot be used with --pre_compute_text_embeddings");
-  at::NoGradGuard no_grad;
   const data::DreamBoothDataOptions& d = o_.data.dreambooth;
   std::vector<std::string> prompts = {d.instance_prompt};
   if (d.with_prior_preservation) prompts.push_back(d.class_prompt);
-  for (const std::string& prompt : prompts) {
-    const std::vector<int64_t> ids = pipe_->tokenizer.encode(prompt);
-    precomputed_rows_[ids] = pipe_->text_encoder->forward(at::tensor(ids, at::kLong).unsqueeze(0)).last_hidden_state;
-  }
+  // Keyed by the token ids the data's captions get.
+  for (const std::string& prompt : prompts)
+    precomputed_rows_[pipe_->tokenizer.encode(prompt)] = pipeline::encode_text(*pipe_, {prompt});
   if (!o_.validation_prompts.empty()) {
     validation_embeds_ = pipeline::encode_text(*pipe_, o_.validation_prompts);
     validation_negative_embeds_ =
