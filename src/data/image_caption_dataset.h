@@ -29,6 +29,14 @@ struct EncodedSample {
   double loss_weight = 1.0;           // kohya's --prior_loss_weight for a regularization image
 };
 
+// A listing's samples as kohya counts them for its LoRA metadata (ss_num_train_images, ss_num_reg_images): training
+// samples (images times their repeats), and regularization samples as listed, before they are balanced against the
+// training ones.
+struct SampleCounts {
+  int64_t training = 0;
+  int64_t regularization = 0;
+};
+
 struct DecodedSample {
   io::RgbImage image;
   std::vector<std::string> captions;
@@ -54,6 +62,7 @@ class ImageCaptionDataset {
   // A digest of what was listed (data/listing_fingerprint.h): ranks compare it at start-up, since each node may
   // hold its own copy of the data.
   virtual std::string fingerprint() const = 0;
+  virtual SampleCounts sample_counts() const { return {size(), 0}; }
 
   // Sample `index` decoded; if it is unusable, the next sample (wrapping around) that is, with a warning the first
   // time each sample is replaced, counting them. The replacement depends on the index alone, so every rank and every

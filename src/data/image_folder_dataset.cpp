@@ -197,12 +197,21 @@ bool is_within(const fs::path& inner, const fs::path& outer) {
   return std::mismatch(b.begin(), b.end(), a.begin(), a.end()).first == b.end();
 }
 
-// The regularization images of `o.reg_data_dir` balanced against `train_samples`, with the prior loss weight.
-std::vector<RepeatedImage> regularization_images(const ImageFolderOptions& o, int64_t train_samples) {
+// The regularization images of `o.reg_data_dir`, with the prior loss weight.
+std::vector<RepeatedImage> list_regularization(const ImageFolderOptions& o) {
   std::vector<RepeatedImage> reg =
       list_kohya(o.reg_data_dir, files_under(o.reg_data_dir, o.skip_dir), "--reg_data_dir");
   SD_CHECK(!reg.empty(), "--reg_data_dir {}: no images", o.reg_data_dir.string());
-  for (RepeatedImage& image : reg) image.sample.loss_weight = o.prior_loss_weight;
+  for (RepeatedImage& image : reg) {
+    image.sample.loss_weight = o.prior_loss_weight;
+    image.sample.regularization = true;
+  }
+  return reg;
+}
+
+// The regularization images `reg` balanced against `train_samples`.
+std::vector<RepeatedImage> balanced_regularization(const ImageFolderOptions& o, std::vector<RepeatedImage> reg,
+                                                   int64_t train_samples) {
   const size_t listed = reg.size();
   std::vector<RepeatedImage> used = balance_regularization(std::move(reg), train_samples);
   if (used.size() < listed)
@@ -248,8 +257,17 @@ ImageFolderDataset::ImageFolderDataset(const ImageFolderOptions& o) {
            "--train_data_dir {}: no training images (expected images with a metadata.jsonl or metadata.csv, the "
            "Hugging Face imagefolder layout, or images with .txt captions beside them)",
            o.data_dir.string());
-  if (!o.reg_data_dir.empty())
-    append_repeated(regularization_images(o, static_cast<int64_t>(samples_.size())), samples_);
+  if (!o.reg_data_dir.empty()) {
+    std::vector<RepeatedImage> reg = list_regularization(o);
+    regularization_listed_ = total_repeats(reg);
+    append_repeated(balanced_regularization(o, std::move(reg), static_cast<int64_t>(samples_.size())), samples_);
+  }
+}
+
+SampleCounts ImageFolderDataset::sample_counts() const {
+  const auto training =
+      std::count_if(samples_.begin(), samples_.end(), [](const auto& s) { return !s.regularization; });
+  return {static_cast<int64_t>(training), regularization_listed_};
 }
 
 EncodedSample ImageFolderDataset::read(int64_t index) const {

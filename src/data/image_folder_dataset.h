@@ -22,6 +22,7 @@ struct CaptionedImage {
   std::filesystem::path image;
   std::vector<std::string> captions;  // one of them is the sample's caption
   double loss_weight = 1.0;           // --prior_loss_weight for a regularization image
+  bool regularization = false;        // listed from --reg_data_dir
 };
 
 struct ImageFolderOptions {
@@ -51,10 +52,12 @@ class ImageFolderDataset : public ImageCaptionDataset {
   void select(const std::vector<int64_t>& indices) override { keep_indices(samples_, indices); }
   // Each image's name and size, and each sample's captions.
   std::string fingerprint() const override;
+  SampleCounts sample_counts() const override;
 
  private:
   std::vector<CaptionedImage> samples_;
   std::string layout_;
+  int64_t regularization_listed_ = 0;  // regularization images times their repeats, before balancing
 };
 
 bool is_image_path(const std::filesystem::path& path);

@@ -111,6 +111,7 @@ TrainingData open_images(const TrainingDataOptions& o, const text::ClipTokenizer
   }
   TrainingData data;
   data.listing_fingerprint = dataset->fingerprint();
+  data.sample_counts = dataset->sample_counts();
   data.planner = std::make_unique<BatchPlanner>(dataset->size(), layout, rank, seed, std::move(bucket_of));
   data.source = std::make_unique<ImageCaptionSource>(std::move(dataset), tokenizer, source, seed, *data.planner);
   return data;
@@ -123,6 +124,7 @@ TrainingData open_dreambooth(const TrainingDataOptions& o, const text::ClipToken
   auto dataset = std::make_unique<ImageFolderDataset>(std::move(images.samples), "dreambooth");
   TrainingData data;
   data.listing_fingerprint = dataset->fingerprint();
+  data.sample_counts = {images.pairs.instances, images.pairs.classes};
   if (images.pairs.classes == 0)
     data.planner = std::make_unique<BatchPlanner>(images.pairs.instances, layout, rank, seed);
   else
@@ -178,6 +180,7 @@ TrainingData open_latents(const TrainingDataOptions& o, const ModelShapes& model
   }
   TrainingData data;
   data.listing_fingerprint = dataset->fingerprint();
+  data.sample_counts = {dataset->size(), 0};
   data.planner = std::make_unique<BatchPlanner>(dataset->size(), layout, rank, seed, std::move(bucket_of));
   data.source =
       std::make_unique<LatentSource>(std::move(dataset), o.captions, loader_options(o, layout), seed, *data.planner);
@@ -194,6 +197,7 @@ TrainingData open_synthetic(const TrainingDataOptions& o, const text::ClipTokeni
   synthetic.vae_scale_factor = model.vae_scale_factor;
   synthetic.embedding_dim = model.text_dim;
   TrainingData data;
+  data.sample_counts = {o.synthetic_samples, 0};
   data.planner = std::make_unique<BatchPlanner>(o.synthetic_samples, layout, rank, seed);
   data.source = std::make_unique<SyntheticSource>(synthetic, o.synthetic_data == "images" ? &tokenizer : nullptr, seed);
   return data;

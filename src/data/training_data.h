@@ -70,6 +70,9 @@ struct TrainingData {
   // A digest of the listed files (ImageCaptionDataset::fingerprint, LatentDataset::fingerprint) ranks compare at
   // start-up, since each node may hold its own copy of the data; empty for synthetic and replayed data.
   std::string listing_fingerprint;
+  // kohya's count of the listing (ImageCaptionDataset::sample_counts; DreamBooth's instance and class images); for
+  // latents and synthetic data, their samples.
+  SampleCounts sample_counts;
 };
 
 // Opens the data the flags name for rank `rank` of `layout`. `seed` is read at each request (a resumed run changes

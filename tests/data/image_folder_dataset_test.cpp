@@ -108,6 +108,9 @@ TEST(ImageFolderDataset, RegularizationImagesAreBalancedAgainstTheTrainingImages
       (std::vector<std::string>{"a.png: sks dog x1", "a.png: sks dog x1", "a.png: sks dog x1", "b.png: sks dog x1",
                                 "b.png: sks dog x1", "b.png: sks dog x1", "r1.png: dog x0.5", "r1.png: dog x0.5",
                                 "r2.png: dog x0.5", "r2.png: dog x0.5", "r3.png: a cat x0.5", "r3.png: a cat x0.5"}));
+  // kohya's num_train_images and num_reg_images: images times repeats, the latter before balancing.
+  EXPECT_EQ(balanced.sample_counts().training, 6);
+  EXPECT_EQ(balanced.sample_counts().regularization, 4);
 
   for (const char* name : {"r1.png", "r2.png", "r3.png", "r4.png"})
     io::save_png(many / "5_dog" / name, io::RgbImage{4, 4, std::vector<uint8_t>(4 * 4 * 3, 7)});
@@ -117,6 +120,8 @@ TEST(ImageFolderDataset, RegularizationImagesAreBalancedAgainstTheTrainingImages
   expected.insert(expected.end(), 5, "r2.png: dog x2");
   const std::vector<std::string> samples = weighted_samples(truncated);
   EXPECT_EQ(std::vector<std::string>(samples.begin() + 6, samples.end()), expected);
+  EXPECT_EQ(truncated.sample_counts().training, 6);
+  EXPECT_EQ(truncated.sample_counts().regularization, 20);
 
   EXPECT_EQ(sd::test::error_message([&] {
               ImageFolderDataset({train, "image", "text", {}, dir.path() / "none"});

@@ -267,14 +267,24 @@ TEST(DreamBoothE2E, TrainTextEncoderTrainsBothModelsResumesExactlyAndShardsAsOne
   }
 }
 
+// With prior preservation and --lora_format kohya, the kohya file's metadata counts the instance images as training
+// images and the class images as regularization images, as kohya counts its --reg_data_dir.
 TEST(DreamBoothE2E, RankTrainsLoraAdaptersWithTheLoraScriptsDefaults) {
   sd::test::TempDir dir;
   write_instances(dir.path() / "sks");
+  for (int i = 0; i < 3; ++i)
+    sd::test::write_pattern_png(dir.path() / "dog" / fmt::format("c{}.png", i), 36, 40, 5 + i);
   std::vector<std::string> args = short_run(dir.path() / "lora");
-  for (const char* flag : {"--rank=2", "--train_text_encoder"}) args.push_back(flag);
+  for (const char* flag : {"--rank=2", "--train_text_encoder", "--lora_format=kohya", "--with_prior_preservation",
+                           "--class_prompt=a photo of dog", "--num_class_images=3"})
+    args.push_back(flag);
+  args.push_back("--class_data_dir=" + (dir.path() / "dog").string());
   args.push_back("--instance_data_dir=" + (dir.path() / "sks").string());
   args.push_back("--instance_prompt=a photo of sks dog");
   run_ok(sd::test::tiny_training_command("dreambooth", args));
+  const io::SafeTensorsFile kohya(dir.path() / "lora" / "lora.safetensors");
+  EXPECT_EQ(kohya.metadata().at("ss_num_train_images"), "2");
+  EXPECT_EQ(kohya.metadata().at("ss_num_reg_images"), "3");
   const io::TensorMap lora = io::load_safetensors(dir.path() / "lora" / "pytorch_lora_weights.safetensors");
   int unet = 0, text_encoder = 0;
   for (const auto& [name, t] : lora) {

@@ -325,6 +325,8 @@ TEST(LoraE2E, TrainedLoraGivesTheSameImagesFromBothFormatsMergedOrNot) {
   EXPECT_EQ(kohya.metadata().at("ss_mixed_precision"), "bf16");
   EXPECT_EQ(kohya.metadata().at("ss_gradient_checkpointing"), "True");
   EXPECT_EQ(kohya.metadata().at("ss_prior_loss_weight"), "1.0");
+  EXPECT_EQ(kohya.metadata().at("ss_num_train_images"), "3");
+  EXPECT_EQ(kohya.metadata().at("ss_num_reg_images"), "0");
   EXPECT_EQ(io::SafeTensorsFile(diffusers_file).names().size(), 2u * (88 + 20));
   // Training moved the zero-initialised up weights.
   EXPECT_GT(kohya.read("lora_unet_mid_block_attentions_0_transformer_blocks_0_attn2_to_k.lora_up.weight")

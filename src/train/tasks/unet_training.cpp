@@ -99,6 +99,7 @@ UNetTrainingTask::UNetTrainingTask(const UNetTrainingOptions& o, RunContext& con
   source_ = std::move(data.source);
   replay_steps_ = data.replay_steps;
   data_fingerprint_ = data.listing_fingerprint;
+  sample_counts_ = data.sample_counts;
   SD_CHECK(!replay_steps_ || !o.training.max_train_steps || *o.training.max_train_steps <= *replay_steps_,
            "--max_train_steps {} exceeds the {} step(s) --replay_inputs holds", o.training.max_train_steps.value_or(0),
            replay_steps_.value_or(0));

@@ -57,6 +57,7 @@ class UNetTrainingTask : public Task {
   pipeline::ModelSource model_;
   std::filesystem::path output_dir_;
   std::unique_ptr<pipeline::StableDiffusion> pipe_;
+  data::SampleCounts sample_counts_;  // the data's, as kohya counts them (for a LoRA's metadata)
 
  private:
   void load_models(bool with_encoders);
