@@ -25,6 +25,11 @@ void check_generation_options(const GenerationOptions& o, const schedulers::Sche
     SD_CHECK(!embeds->defined() || (embeds->dim() == 3 && embeds->size(0) == static_cast<int64_t>(o.prompts.size())),
              "{}: expected [{}, L, D] (one row block per prompt), got {}", name, o.prompts.size(),
              c10::str(embeds->sizes()));
+  // As diffusers' check_inputs: the two halves of classifier-free guidance are concatenated row for row.
+  SD_CHECK(!o.prompt_embeds.defined() || !o.negative_prompt_embeds.defined() ||
+               o.prompt_embeds.sizes() == o.negative_prompt_embeds.sizes(),
+           "negative_prompt_embeds {} must have the shape of prompt_embeds {}",
+           c10::str(o.negative_prompt_embeds.sizes()), c10::str(o.prompt_embeds.sizes()));
 }
 
 void prepare_scheduler(schedulers::Scheduler& scheduler, const GenerationOptions& o) {

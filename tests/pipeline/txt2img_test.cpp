@@ -326,6 +326,12 @@ TEST(Txt2Img, RejectsBadInput) {
             std::string::npos)
       << message(bad);
   bad = o;
+  bad.prompt_embeds = at::zeros({1, 77, 32});
+  bad.negative_prompt_embeds = at::zeros({1, 76, 32});
+  EXPECT_NE(message(bad).find("negative_prompt_embeds [1, 76, 32] must have the shape of prompt_embeds [1, 77, 32]"),
+            std::string::npos)
+      << message(bad);
+  bad = o;
   bad.clip_skip = -1;
   EXPECT_NE(message(bad).find("clip_skip must be >= 0"), std::string::npos) << message(bad);
   EXPECT_NE(error_message([&] {
