@@ -229,7 +229,7 @@ const char* kind_label(ModuleKind kind) {
     case ModuleKind::kLora: return "LoRA";
     case ModuleKind::kLoha: return "LoHa";
     case ModuleKind::kLokr: return "LoKr";
-    case ModuleKind::kFull: return "full";
+    case ModuleKind::kFull: return "Full";
   }
   return "";
 }
@@ -314,8 +314,7 @@ at::Tensor module_update(const Parts& p, ModuleKind kind, at::IntArrayRef weight
     for (const auto& [part, tensor] : p)
       if (!is_setting_part(part) && part != "diff_b")
         shapes.push_back(fmt::format("{} [{}]", part, fmt::join(tensor.sizes(), ", ")));
-    const char* label = kind_label(kind);
-    fail("{}: the {} factors {} do not make the layer's weight [{}]", layer, label, fmt::join(shapes, ", "),
+    fail("{}: the {} factors {} do not make the layer's weight [{}]", layer, kind_label(kind), fmt::join(shapes, ", "),
          fmt::join(weight, ", "));
   }
   return multiplier == 1 ? update : update * multiplier;
@@ -510,8 +509,7 @@ std::pair<std::string, std::optional<int64_t>> module_kind_and_rank(const io::Te
   const ModuleKind kind = kind_of(parts, layer);
   const std::optional<std::string> rank = rank_part(parts, kind);
   const std::string dora = parts.count("dora_scale") || parts.count("lora_magnitude_vector") ? "+DoRA" : "";
-  if (kind != ModuleKind::kLora)
-    return {(kind == ModuleKind::kFull ? "Full" : kind_label(kind)) + dora, rank ? rank_of(*rank) : std::nullopt};
+  if (kind != ModuleKind::kLora) return {kind_label(kind) + dora, rank ? rank_of(*rank) : std::nullopt};
   auto kxk = [&](const std::string& part) {
     const std::vector<int64_t> shape = parts.count(part) ? shape_of(part) : std::vector<int64_t>{};
     return shape.size() == 4 && shape[2] * shape[3] > 1;

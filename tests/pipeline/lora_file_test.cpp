@@ -210,7 +210,7 @@ TEST(LoraFile, BadFilesAreOneLineNamingTheFileAndKey) {
       layer + " mixes the keys of LoRA (lora_down/lora_up), LoHa (hada_*), LoKr (lokr_*) and full (diff) modules");
   EXPECT_EQ(error_for({{stem + ".diff_b", at::ones({32})}}), layer + ": a full module needs diff besides diff_b");
   EXPECT_EQ(error_for({{stem + ".diff", at::ones({3, 3})}}),
-            layer + ": the full factors diff [3, 3] do not make the layer's weight [32, 32]");
+            layer + ": the Full factors diff [3, 3] do not make the layer's weight [32, 32]");
   EXPECT_EQ(error_for({{stem + ".diff", at::ones({32, 32})}, {stem + ".diff_b", at::ones({32})}}),
             file + ": " + kUNetModule + ": a bias update for a layer without a bias");
   EXPECT_EQ(
