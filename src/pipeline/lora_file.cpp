@@ -119,7 +119,8 @@ LoraComponent kohya_component(const std::string& stem) {
 bool is_sdxl_key(const std::string& key) { return key.rfind("lora_te1_", 0) == 0 || key.rfind("lora_te2_", 0) == 0; }
 
 // lora_unet_<module with _>.lora_down.weight, .hada_w1_a etc. as {stem, part}, a part kohya_suffixes() does not name
-// (LyCORIS' OFT, IA³, GLoRA, norm modules) as it stands after the stem's dot; nullopt for a key of another shape.
+// (IA³'s weight and on_input; LyCORIS' OFT, GLoRA, norm modules) as it stands after the stem's dot; nullopt for a key
+// of another shape.
 std::optional<std::pair<std::string, std::string>> split_kohya_key(const std::string& key) {
   if (key.rfind("lora_unet_", 0) != 0 && key.rfind("lora_te_", 0) != 0 && !is_sdxl_key(key)) return std::nullopt;
   for (const auto& [suffix, part] : kohya_suffixes())
@@ -146,16 +147,17 @@ std::optional<KeyTarget> parse_kohya_key(const std::string& key,
 // One layer's tensors in a file, by part name (KeyTarget::part).
 using Parts = std::map<std::string, at::Tensor>;
 
-enum class ModuleKind { kLora, kLoha, kLokr, kFull };
+enum class ModuleKind { kLora, kLoha, kLokr, kFull, kIa3 };
 
 // The kind of module a part belongs to: down, up and mid make a LoRA, hada_* a LoHa, lokr_* a LoKr, diff and diff_b
-// a full update; nullopt for alpha and the DoRA norms (LyCORIS' dora_scale, peft's lora_magnitude_vector), which any
-// kind can have.
+// a full update, weight and on_input an IA³ scaling; nullopt for alpha and the DoRA norms (LyCORIS' dora_scale,
+// peft's lora_magnitude_vector), which any kind can have.
 std::optional<ModuleKind> kind_of_part(const std::string& part) {
   if (part == "down" || part == "up" || part == "mid") return ModuleKind::kLora;
   if (part.rfind("hada_", 0) == 0) return ModuleKind::kLoha;
   if (part.rfind("lokr_", 0) == 0) return ModuleKind::kLokr;
   if (part == "diff" || part == "diff_b") return ModuleKind::kFull;
+  if (part == "weight" || part == "on_input") return ModuleKind::kIa3;
   return std::nullopt;
 }
 
@@ -179,8 +181,8 @@ ModuleKind kind_of(const PartMap& parts, const std::string& layer) {
   const std::vector<std::string> unread = unread_parts(parts);
   SD_CHECK(unread.empty(),
            "{}: '{}' is not read: sdtrain reads LoRA and LoCon (lora_down, lora_up, lora_mid), LoHa (hada_*), LoKr "
-           "(lokr_*) and full (diff, diff_b) modules, with alpha and dora_scale, not LyCORIS' OFT, IA3, GLoRA or "
-           "norm-layer modules",
+           "(lokr_*), full (diff, diff_b) and IA3 (weight, on_input) modules, with alpha and dora_scale, not LyCORIS' "
+           "OFT, GLoRA or norm-layer modules",
            layer, fmt::join(unread, "', '"));
   std::set<ModuleKind> kinds;
   std::vector<std::string> others;
@@ -192,7 +194,8 @@ ModuleKind kind_of(const PartMap& parts, const std::string& layer) {
   }
   SD_CHECK(!kinds.empty(), "{} has {} but no weights", layer, fmt::join(others, " and "));
   SD_CHECK(kinds.size() == 1,
-           "{} mixes the keys of LoRA (lora_down/lora_up), LoHa (hada_*), LoKr (lokr_*) and full (diff) modules",
+           "{} mixes the keys of LoRA (lora_down/lora_up), LoHa (hada_*), LoKr (lokr_*), full (diff) and IA3 (weight) "
+           "modules",
            layer);
   return *kinds.begin();
 }
@@ -230,6 +233,7 @@ const char* kind_label(ModuleKind kind) {
     case ModuleKind::kLoha: return "LoHa";
     case ModuleKind::kLokr: return "LoKr";
     case ModuleKind::kFull: return "Full";
+    case ModuleKind::kIa3: return "IA3";
   }
   return "";
 }
@@ -257,11 +261,12 @@ void check_factors(const Parts& p, ModuleKind kind, const std::string& layer) {
                  "{}: a LoKr module needs lokr_w{} or both lokr_w{}_a and lokr_w{}_b", layer, n, n, n);
       break;
     case ModuleKind::kFull: SD_CHECK(p.count("diff"), "{}: a full module needs diff besides diff_b", layer); break;
+    case ModuleKind::kIa3: SD_CHECK(p.count("weight"), "{}: an IA3 module needs weight besides on_input", layer); break;
   }
 }
 
 // The part whose rows count a module's rank, which its alpha is divided by: nullopt for modules without one (a LoKr
-// of whole factors, a full update).
+// of whole factors, a full update, an IA³ scaling).
 template <typename PartMap>
 std::optional<std::string> rank_part(const PartMap& p, ModuleKind kind) {
   switch (kind) {
@@ -271,20 +276,35 @@ std::optional<std::string> rank_part(const PartMap& p, ModuleKind kind) {
       if (p.count("lokr_w2_b")) return "lokr_w2_b";
       if (p.count("lokr_w1_b")) return "lokr_w1_b";
       return std::nullopt;
-    case ModuleKind::kFull: return std::nullopt;
+    case ModuleKind::kFull:
+    case ModuleKind::kIa3: return std::nullopt;
   }
   return std::nullopt;
 }
 
-// A module's whole weight update (A1111's network_lora / network_hada / network_lokr / network_full), times
-// alpha / dim, where dim is the rank of its low-rank products (down's for LoRA, w1_b's for LoHa; w2_b's, else w1_b's,
-// for LoKr). Without an alpha or a rank (a LoKr of whole factors, a full update) the update is taken as it is.
+// IA³'s update of weight W (LyCORIS' ia3 module): W's output rows scaled by `weight` ([out], a conv's [1, out, 1,
+// 1]), or with on_input 1 its input columns ([in], [1, in, 1, 1]).
+at::Tensor ia3_update(const Parts& p, const at::Tensor& weight) {
+  const bool on_input = p.count("on_input") && p.at("on_input").item<double>() != 0;
+  const int64_t dim = on_input ? 1 : 0;
+  const at::Tensor& scales = p.at("weight");
+  std::vector<int64_t> shape(weight.dim(), 1);
+  shape[dim] = weight.size(dim);  // a reshape that fails unless there is one scale for each
+  return weight.to(scales.options()) * scales.reshape(shape);
+}
+
+// A module's whole weight update (A1111's network_lora / network_hada / network_lokr / network_full / network_ia3)
+// for a layer whose weight is now `weight`, times alpha / dim, where dim is the rank of its low-rank products (down's
+// for LoRA, w1_b's for LoHa; w2_b's, else w1_b's, for LoKr). Without an alpha or a rank (a LoKr of whole factors, a
+// full update, IA³) the update is taken as it is.
 //   LoRA:                            ΔW = up·down, or with LyCORIS' lora_mid (a kxk conv in Tucker form) the
 //                                         Tucker product of mid [r, r, kh, kw], up [out, r, 1, 1], down [r, in, 1, 1]
 //   LoHa (FedPara, arXiv 2108.06098): ΔW = (w1_a·w1_b) ⊙ (w2_a·w2_b)
 //   LoKr (arXiv 2309.14859):         ΔW = w1 ⊗ w2 (Kronecker; w1 [a, b] acts as [a, b, 1, 1] beside a conv's w2)
 //   full:                            ΔW = diff (its bias update, diff_b, is the caller's)
-at::Tensor module_update(const Parts& p, ModuleKind kind, at::IntArrayRef weight, std::optional<double> alpha,
+//   IA³ (arXiv 2205.05638):          ΔW = W ⊙ w, w per output row or per input column (the bias is left, as LyCORIS
+//                                         and A1111 merge it)
+at::Tensor module_update(const Parts& p, ModuleKind kind, const at::Tensor& weight, std::optional<double> alpha,
                          const std::string& layer) {
   at::Tensor update;
   double multiplier = 1;
@@ -299,7 +319,7 @@ at::Tensor module_update(const Parts& p, ModuleKind kind, at::IntArrayRef weight
                                 : low_rank_product(up, down);
         break;
       }
-      case ModuleKind::kLoha: update = loha_factor(p, "1", weight) * loha_factor(p, "2", weight); break;
+      case ModuleKind::kLoha: update = loha_factor(p, "1", weight.sizes()) * loha_factor(p, "2", weight.sizes()); break;
       case ModuleKind::kLokr: {
         const at::Tensor w1 = lokr_factor(p, "1"), w2 = lokr_factor(p, "2");
         // at::kron of 1.13 views its second operand, so a Tucker product (not contiguous) is made contiguous first.
@@ -307,15 +327,16 @@ at::Tensor module_update(const Parts& p, ModuleKind kind, at::IntArrayRef weight
         break;
       }
       case ModuleKind::kFull: update = p.at("diff"); break;
+      case ModuleKind::kIa3: update = ia3_update(p, weight); break;
     }
-    update = update.reshape(weight);
+    update = update.reshape(weight.sizes());
   } catch (const std::exception&) {  // c10::Error from sizes and products, std::runtime_error from reshape
     std::vector<std::string> shapes;
     for (const auto& [part, tensor] : p)
       if (!is_setting_part(part) && part != "diff_b")
         shapes.push_back(fmt::format("{} [{}]", part, fmt::join(tensor.sizes(), ", ")));
     fail("{}: the {} factors {} do not make the layer's weight [{}]", layer, kind_label(kind), fmt::join(shapes, ", "),
-         fmt::join(weight, ", "));
+         fmt::join(weight.sizes(), ", "));
   }
   return multiplier == 1 ? update : update * multiplier;
 }
@@ -477,7 +498,7 @@ LoraFileContents load_lora_file(const fs::path& given, StableDiffusion& pipe) {
       continue;
     }
     models::LoraHost& host = layers.at(where.first, where.second, name);
-    at::Tensor update = module_update(parts, kind, host.base_weight_shape(), alpha, layer);
+    at::Tensor update = module_update(parts, kind, host.current_weight(), alpha, layer);
     if (dora_scale != parts.end())
       update = weight_decomposed_update(update, dora_scale->second, host.current_weight(), layer);
     const auto bias = parts.find("diff_b");

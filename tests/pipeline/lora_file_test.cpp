@@ -1,6 +1,6 @@
 // LoRA files (pipeline/lora_file.h): the names diffusers 0.24 and kohya write, both formats read back to the same
-// adapters, the reference file (C11) loads onto tiny-sd1, LyCORIS' LoHa, LoKr, Tucker LoCon, full and DoRA updates
-// as their definitions, and one clear line for every bad file.
+// adapters, the reference file (C11) loads onto tiny-sd1, LyCORIS' LoHa, LoKr, Tucker LoCon, full, IA³ and DoRA
+// updates as their definitions, and one clear line for every bad file.
 #include "pipeline/lora_file.h"
 
 #include "io/safetensors.h"
@@ -167,8 +167,8 @@ TEST(LoraFile, BadFilesAreOneLineNamingTheFileAndKey) {
   EXPECT_EQ(error_for({{stem + ".oft_blocks", down}, {stem + ".alpha", at::scalar_tensor(1.0)}}),
             file + ": layer " + kUNetModule +
                 ": 'oft_blocks' is not read: sdtrain reads LoRA and LoCon (lora_down, lora_up, lora_mid), LoHa "
-                "(hada_*), LoKr (lokr_*) and full (diff, diff_b) modules, with alpha and dora_scale, not LyCORIS' OFT, "
-                "IA3, GLoRA or norm-layer modules");
+                "(hada_*), LoKr (lokr_*), full (diff, diff_b) and IA3 (weight, on_input) modules, with alpha and "
+                "dora_scale, not LyCORIS' OFT, GLoRA or norm-layer modules");
   EXPECT_EQ(error_for({{"lora_unet_oft_blocks", down}}),
             file +
                 ": unknown key 'lora_unet_oft_blocks' (expected diffusers' unet.<module>.lora.down.weight or kohya's "
@@ -205,9 +205,14 @@ TEST(LoraFile, BadFilesAreOneLineNamingTheFileAndKey) {
             file +
                 ": layer down_blocks.1.resnets.0.conv1: the LoRA factors down [2, 32, 1, 1], mid [2, 2, 3, 3], "
                 "up [64, 3, 1, 1] do not make the layer's weight [64, 32, 3, 3]");
-  EXPECT_EQ(
-      error_for({{stem + ".lora_down.weight", down}, {stem + ".hada_w1_a", up}}),
-      layer + " mixes the keys of LoRA (lora_down/lora_up), LoHa (hada_*), LoKr (lokr_*) and full (diff) modules");
+  EXPECT_EQ(error_for({{stem + ".lora_down.weight", down}, {stem + ".hada_w1_a", up}}),
+            layer +
+                " mixes the keys of LoRA (lora_down/lora_up), LoHa (hada_*), LoKr (lokr_*), full (diff) and IA3 "
+                "(weight) modules");
+  EXPECT_EQ(error_for({{stem + ".on_input", at::scalar_tensor(int64_t{1})}}),
+            layer + ": an IA3 module needs weight besides on_input");
+  EXPECT_EQ(error_for({{stem + ".weight", at::ones({31})}}),
+            layer + ": the IA3 factors weight [31] do not make the layer's weight [32, 32]");
   EXPECT_EQ(error_for({{stem + ".diff_b", at::ones({32})}}), layer + ": a full module needs diff besides diff_b");
   EXPECT_EQ(error_for({{stem + ".diff", at::ones({3, 3})}}),
             layer + ": the Full factors diff [3, 3] do not make the layer's weight [32, 32]");
@@ -462,6 +467,52 @@ TEST(LoraFile, LyCorisTuckerLoConFullAndDoRAFollowTheirDefinitions) {
     EXPECT_TRUE(at::allclose(w07, w + (w1 - w) * 0.7, 1e-5, 1e-6));
   }
   EXPECT_TRUE(models::adapter_tensors(*whole.unet).empty());  // all merged, not attached
+}
+
+// LyCORIS' IA³ by its definition: each output row of the weight scaled by 1 + s·w (w: [out] for a linear, [1, out,
+// 1, 1] for a conv), or with on_input 1 each input column; biases stay as they are.
+TEST(LoraFile, LyCorisIA3ScalesTheWeightsRowsOrColumns) {
+  sd::test::TempDir dir;
+  at::manual_seed(3);
+  const std::string linear = "lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_out_0";  // [32, 32]
+  const std::string conv = "lora_unet_down_blocks_1_resnets_0_conv1";      // [64, 32, 3, 3]
+  const std::string conv_out = "lora_unet_down_blocks_0_resnets_0_conv2";  // [32, 32, 3, 3]
+  const io::TensorMap t = {
+      {linear + ".weight", at::randn({32})},
+      {linear + ".on_input", at::scalar_tensor(int64_t{0})},
+      {conv + ".weight", at::randn({1, 32, 1, 1})},
+      {conv + ".on_input", at::scalar_tensor(int64_t{1})},
+      {conv_out + ".weight", at::randn({1, 32, 1, 1})},  // no on_input: on the outputs
+  };
+  const fs::path path = dir.path() / "ia3.safetensors";
+  io::save_safetensors(path, t);
+  StableDiffusion base = load_tiny(), scaled = load_tiny();
+  apply_lora_files(scaled, {path.string()}, {0.7}, /*fuse=*/false);
+  struct Case {
+    std::string module, stem;
+    bool on_input;
+  };
+  for (const Case& c :
+       {Case{"down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_out.0", linear, false},
+        Case{"down_blocks.1.resnets.0.conv1", conv, true}, Case{"down_blocks.0.resnets.0.conv2", conv_out, false}}) {
+    SCOPED_TRACE(c.module);
+    const at::Tensor w = layer_weight(base, LoraComponent::kUNet, c.module),
+                     w07 = layer_weight(scaled, LoraComponent::kUNet, c.module);
+    const at::Tensor scales = t.at(c.stem + ".weight").flatten();
+    at::Tensor expected = w.clone();
+    for (int64_t k = 0; k < scales.size(0); ++k) {
+      at::Tensor slice = c.on_input ? expected.select(1, k) : expected.select(0, k);
+      slice.mul_(1 + 0.7 * scales[k].item<double>());
+    }
+    EXPECT_TRUE(at::allclose(w07, expected, 1e-5, 1e-6));
+    EXPECT_TRUE(at::equal(layer_weight(scaled, LoraComponent::kUNet, c.module, "bias"),
+                          layer_weight(base, LoraComponent::kUNet, c.module, "bias")));
+  }
+  const std::optional<LoraFileSummary> summary = summarize_lora_file(path);
+  ASSERT_TRUE(summary);
+  ASSERT_EQ(summary->kinds.size(), 1u);
+  EXPECT_EQ(summary->kinds.begin()->first, "IA3");
+  EXPECT_EQ(summary->kinds.begin()->second.modules, 3);
 }
 
 // peft's DoRA as diffusers saves it (lora_magnitude_vector beside the LoRA's factors, diffusers' or peft's names) by
