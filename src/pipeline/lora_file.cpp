@@ -119,8 +119,8 @@ LoraComponent kohya_component(const std::string& stem) {
 bool is_sdxl_key(const std::string& key) { return key.rfind("lora_te1_", 0) == 0 || key.rfind("lora_te2_", 0) == 0; }
 
 // lora_unet_<module with _>.lora_down.weight, .hada_w1_a etc. as {stem, part}, a part kohya_suffixes() does not name
-// (IA³'s weight and on_input; LyCORIS' OFT, GLoRA, norm modules) as it stands after the stem's dot; nullopt for a key
-// of another shape.
+// (IA³'s weight and on_input, OFT's oft_blocks; LyCORIS' GLoRA and norm modules) as it stands after the stem's dot;
+// nullopt for a key of another shape.
 std::optional<std::pair<std::string, std::string>> split_kohya_key(const std::string& key) {
   if (key.rfind("lora_unet_", 0) != 0 && key.rfind("lora_te_", 0) != 0 && !is_sdxl_key(key)) return std::nullopt;
   for (const auto& [suffix, part] : kohya_suffixes())
@@ -147,17 +147,18 @@ std::optional<KeyTarget> parse_kohya_key(const std::string& key,
 // One layer's tensors in a file, by part name (KeyTarget::part).
 using Parts = std::map<std::string, at::Tensor>;
 
-enum class ModuleKind { kLora, kLoha, kLokr, kFull, kIa3 };
+enum class ModuleKind { kLora, kLoha, kLokr, kFull, kIa3, kOft };
 
 // The kind of module a part belongs to: down, up and mid make a LoRA, hada_* a LoHa, lokr_* a LoKr, diff and diff_b
-// a full update, weight and on_input an IA³ scaling; nullopt for alpha and the DoRA norms (LyCORIS' dora_scale,
-// peft's lora_magnitude_vector), which any kind can have.
+// a full update, weight and on_input an IA³ scaling, oft_blocks an orthogonal rotation; nullopt for alpha and the DoRA
+// norms (LyCORIS' dora_scale, peft's lora_magnitude_vector), which any kind can have.
 std::optional<ModuleKind> kind_of_part(const std::string& part) {
   if (part == "down" || part == "up" || part == "mid") return ModuleKind::kLora;
   if (part.rfind("hada_", 0) == 0) return ModuleKind::kLoha;
   if (part.rfind("lokr_", 0) == 0) return ModuleKind::kLokr;
   if (part == "diff" || part == "diff_b") return ModuleKind::kFull;
   if (part == "weight" || part == "on_input") return ModuleKind::kIa3;
+  if (part == "oft_blocks") return ModuleKind::kOft;
   return std::nullopt;
 }
 
@@ -181,8 +182,8 @@ ModuleKind kind_of(const PartMap& parts, const std::string& layer) {
   const std::vector<std::string> unread = unread_parts(parts);
   SD_CHECK(unread.empty(),
            "{}: '{}' is not read: sdtrain reads LoRA and LoCon (lora_down, lora_up, lora_mid), LoHa (hada_*), LoKr "
-           "(lokr_*), full (diff, diff_b) and IA3 (weight, on_input) modules, with alpha and dora_scale, not LyCORIS' "
-           "OFT, GLoRA or norm-layer modules",
+           "(lokr_*), full (diff, diff_b), IA3 (weight, on_input) and OFT (oft_blocks) modules, with alpha and "
+           "dora_scale, not LyCORIS' GLoRA or norm-layer modules",
            layer, fmt::join(unread, "', '"));
   std::set<ModuleKind> kinds;
   std::vector<std::string> others;
@@ -194,8 +195,8 @@ ModuleKind kind_of(const PartMap& parts, const std::string& layer) {
   }
   SD_CHECK(!kinds.empty(), "{} has {} but no weights", layer, fmt::join(others, " and "));
   SD_CHECK(kinds.size() == 1,
-           "{} mixes the keys of LoRA (lora_down/lora_up), LoHa (hada_*), LoKr (lokr_*), full (diff) and IA3 (weight) "
-           "modules",
+           "{} mixes the keys of LoRA (lora_down/lora_up), LoHa (hada_*), LoKr (lokr_*), full (diff), IA3 (weight) and "
+           "OFT (oft_blocks) modules",
            layer);
   return *kinds.begin();
 }
@@ -234,6 +235,7 @@ const char* kind_label(ModuleKind kind) {
     case ModuleKind::kLokr: return "LoKr";
     case ModuleKind::kFull: return "Full";
     case ModuleKind::kIa3: return "IA3";
+    case ModuleKind::kOft: return "OFT";
   }
   return "";
 }
@@ -262,11 +264,17 @@ void check_factors(const Parts& p, ModuleKind kind, const std::string& layer) {
       break;
     case ModuleKind::kFull: SD_CHECK(p.count("diff"), "{}: a full module needs diff besides diff_b", layer); break;
     case ModuleKind::kIa3: SD_CHECK(p.count("weight"), "{}: an IA3 module needs weight besides on_input", layer); break;
+    case ModuleKind::kOft:
+      SD_CHECK(p.at("oft_blocks").dim() != 4,
+               "{}: oft_blocks of 4 dimensions make LyCORIS' BOFT, which sdtrain does not read (OFT's are [blocks, "
+               "size, size])",
+               layer);
+      break;
   }
 }
 
 // The part whose rows count a module's rank, which its alpha is divided by: nullopt for modules without one (a LoKr
-// of whole factors, a full update, an IA³ scaling).
+// of whole factors, a full update, an IA³ scaling, an OFT rotation).
 template <typename PartMap>
 std::optional<std::string> rank_part(const PartMap& p, ModuleKind kind) {
   switch (kind) {
@@ -277,7 +285,8 @@ std::optional<std::string> rank_part(const PartMap& p, ModuleKind kind) {
       if (p.count("lokr_w1_b")) return "lokr_w1_b";
       return std::nullopt;
     case ModuleKind::kFull:
-    case ModuleKind::kIa3: return std::nullopt;
+    case ModuleKind::kIa3:
+    case ModuleKind::kOft: return std::nullopt;
   }
   return std::nullopt;
 }
@@ -293,10 +302,27 @@ at::Tensor ia3_update(const Parts& p, const at::Tensor& weight) {
   return weight.to(scales.options()) * scales.reshape(shape);
 }
 
-// A module's whole weight update (A1111's network_lora / network_hada / network_lokr / network_full / network_ia3)
-// for a layer whose weight is now `weight`, times alpha / dim, where dim is the rank of its low-rank products (down's
-// for LoRA, w1_b's for LoHa; w2_b's, else w1_b's, for LoKr). Without an alpha or a rank (a LoKr of whole factors, a
-// full update, IA³) the update is taken as it is.
+// OFT's update of weight W (kohya's networks.oft, LyCORIS' diag-oft): W's output rows in k blocks of n, each block
+// rotated by the orthogonal R = (I + Q)(I − Q)⁻¹ (Cayley) of the skew-symmetric Q = B − Bᵀ of its oft_blocks B
+// [k, n, n]: W'_k = R_kᵀ·W_k. A positive `constraint` (the file's alpha) bounds ‖Q‖ (over all blocks) by
+// constraint · out, scaling Q down to that norm when it is larger.
+at::Tensor oft_update(const Parts& p, const at::Tensor& weight, std::optional<double> constraint) {
+  const at::Tensor& blocks = p.at("oft_blocks");
+  const int64_t k = blocks.size(0), n = blocks.size(1), out = weight.size(0);
+  SD_CHECK(blocks.dim() == 3 && blocks.size(2) == n && k * n == out, "blocks that do not cover the layer's outputs");
+  at::Tensor q = blocks - blocks.transpose(1, 2);
+  const double bound = constraint.value_or(0) * static_cast<double>(out);
+  if (const double norm = q.norm().item<double>() + 1e-8; bound > 0 && norm > bound) q = q * (bound / norm);
+  const at::Tensor eye = at::eye(n, blocks.options()).expand({k, n, n});
+  const at::Tensor rotation = at::matmul(eye + q, at::inverse(eye - q));
+  const at::Tensor w = weight.to(blocks.options());
+  return at::matmul(rotation.transpose(1, 2), w.reshape({k, n, -1})).reshape(weight.sizes()) - w;
+}
+
+// A module's whole weight update (A1111's network_lora / network_hada / network_lokr / network_full / network_ia3 /
+// network_oft) for a layer whose weight is now `weight`, times alpha / dim, where dim is the rank of its low-rank
+// products (down's for LoRA, w1_b's for LoHa; w2_b's, else w1_b's, for LoKr). Without an alpha or a rank (a LoKr of
+// whole factors, a full update, IA³, OFT) the update is taken as it is.
 //   LoRA:                            ΔW = up·down, or with LyCORIS' lora_mid (a kxk conv in Tucker form) the
 //                                         Tucker product of mid [r, r, kh, kw], up [out, r, 1, 1], down [r, in, 1, 1]
 //   LoHa (FedPara, arXiv 2108.06098): ΔW = (w1_a·w1_b) ⊙ (w2_a·w2_b)
@@ -304,6 +330,8 @@ at::Tensor ia3_update(const Parts& p, const at::Tensor& weight) {
 //   full:                            ΔW = diff (its bias update, diff_b, is the caller's)
 //   IA³ (arXiv 2205.05638):          ΔW = W ⊙ w, w per output row or per input column (the bias is left, as LyCORIS
 //                                         and A1111 merge it)
+//   OFT (arXiv 2306.07280):          ΔW = Rᵀ·W − W, R block-diagonal and orthogonal (alpha bounds it instead of
+//                                         scaling it)
 at::Tensor module_update(const Parts& p, ModuleKind kind, const at::Tensor& weight, std::optional<double> alpha,
                          const std::string& layer) {
   at::Tensor update;
@@ -328,6 +356,7 @@ at::Tensor module_update(const Parts& p, ModuleKind kind, const at::Tensor& weig
       }
       case ModuleKind::kFull: update = p.at("diff"); break;
       case ModuleKind::kIa3: update = ia3_update(p, weight); break;
+      case ModuleKind::kOft: update = oft_update(p, weight, alpha); break;
     }
     update = update.reshape(weight.sizes());
   } catch (const std::exception&) {  // c10::Error from sizes and products, std::runtime_error from reshape

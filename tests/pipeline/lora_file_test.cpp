@@ -1,6 +1,6 @@
 // LoRA files (pipeline/lora_file.h): the names diffusers 0.24 and kohya write, both formats read back to the same
-// adapters, the reference file (C11) loads onto tiny-sd1, LyCORIS' LoHa, LoKr, Tucker LoCon, full, IA³ and DoRA
-// updates as their definitions, and one clear line for every bad file.
+// adapters, the reference file (C11) loads onto tiny-sd1, LyCORIS' LoHa, LoKr, Tucker LoCon, full, IA³, OFT and
+// DoRA updates as their definitions, and one clear line for every bad file.
 #include "pipeline/lora_file.h"
 
 #include "io/safetensors.h"
@@ -164,11 +164,11 @@ TEST(LoraFile, BadFilesAreOneLineNamingTheFileAndKey) {
                 "lora_unet_<module>.lora_down.weight, LyCORIS' .hada_w1_a (LoHa) or .lokr_w1 (LoKr), and their "
                 "text-encoder, up and alpha twins)");
   const std::string stem = "lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_q";
-  EXPECT_EQ(error_for({{stem + ".oft_blocks", down}, {stem + ".alpha", at::scalar_tensor(1.0)}}),
+  EXPECT_EQ(error_for({{stem + ".a1.weight", down}, {stem + ".alpha", at::scalar_tensor(1.0)}}),
             file + ": layer " + kUNetModule +
-                ": 'oft_blocks' is not read: sdtrain reads LoRA and LoCon (lora_down, lora_up, lora_mid), LoHa "
-                "(hada_*), LoKr (lokr_*), full (diff, diff_b) and IA3 (weight, on_input) modules, with alpha and "
-                "dora_scale, not LyCORIS' OFT, GLoRA or norm-layer modules");
+                ": 'a1.weight' is not read: sdtrain reads LoRA and LoCon (lora_down, lora_up, lora_mid), LoHa "
+                "(hada_*), LoKr (lokr_*), full (diff, diff_b), IA3 (weight, on_input) and OFT (oft_blocks) modules, "
+                "with alpha and dora_scale, not LyCORIS' GLoRA or norm-layer modules");
   EXPECT_EQ(error_for({{"lora_unet_oft_blocks", down}}),
             file +
                 ": unknown key 'lora_unet_oft_blocks' (expected diffusers' unet.<module>.lora.down.weight or kohya's "
@@ -207,12 +207,18 @@ TEST(LoraFile, BadFilesAreOneLineNamingTheFileAndKey) {
                 "up [64, 3, 1, 1] do not make the layer's weight [64, 32, 3, 3]");
   EXPECT_EQ(error_for({{stem + ".lora_down.weight", down}, {stem + ".hada_w1_a", up}}),
             layer +
-                " mixes the keys of LoRA (lora_down/lora_up), LoHa (hada_*), LoKr (lokr_*), full (diff) and IA3 "
-                "(weight) modules");
+                " mixes the keys of LoRA (lora_down/lora_up), LoHa (hada_*), LoKr (lokr_*), full (diff), IA3 (weight) "
+                "and OFT (oft_blocks) modules");
   EXPECT_EQ(error_for({{stem + ".on_input", at::scalar_tensor(int64_t{1})}}),
             layer + ": an IA3 module needs weight besides on_input");
   EXPECT_EQ(error_for({{stem + ".weight", at::ones({31})}}),
             layer + ": the IA3 factors weight [31] do not make the layer's weight [32, 32]");
+  EXPECT_EQ(error_for({{stem + ".oft_blocks", at::zeros({2, 8, 8})}}),
+            layer + ": the OFT factors oft_blocks [2, 8, 8] do not make the layer's weight [32, 32]");
+  EXPECT_EQ(error_for({{stem + ".oft_blocks", at::zeros({2, 2, 8, 8})}}),
+            layer +
+                ": oft_blocks of 4 dimensions make LyCORIS' BOFT, which sdtrain does not read (OFT's are [blocks, "
+                "size, size])");
   EXPECT_EQ(error_for({{stem + ".diff_b", at::ones({32})}}), layer + ": a full module needs diff besides diff_b");
   EXPECT_EQ(error_for({{stem + ".diff", at::ones({3, 3})}}),
             layer + ": the Full factors diff [3, 3] do not make the layer's weight [32, 32]");
@@ -513,6 +519,59 @@ TEST(LoraFile, LyCorisIA3ScalesTheWeightsRowsOrColumns) {
   ASSERT_EQ(summary->kinds.size(), 1u);
   EXPECT_EQ(summary->kinds.begin()->first, "IA3");
   EXPECT_EQ(summary->kinds.begin()->second.modules, 3);
+}
+
+// OFT (kohya's networks.oft, LyCORIS' diag-oft) by what it is: at --lora_scale 1 each block of n output rows is
+// rotated, W'_k = R_kᵀ·W_k, by the Cayley transform R = (I − Q)⁻¹(I + Q) of Q = B − Bᵀ (taken here in double, in
+// the other order, which the transform allows), so each block's Gram matrix W_kᵀ·W_k is kept; with a positive alpha
+// Q is first scaled to the norm alpha · out when it is larger. Below 1 the weight is that far along the way, as
+// kohya's multiplier · (R − I) + I gives; biases stay.
+TEST(LoraFile, OftRotatesBlocksOfOutputRows) {
+  sd::test::TempDir dir;
+  at::manual_seed(4);
+  const std::string linear = "lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_out_0";  // [32, 32]
+  const std::string conv = "lora_unet_down_blocks_1_resnets_0_conv1";  // [64, 32, 3, 3]
+  const io::TensorMap t = {
+      {linear + ".oft_blocks", at::randn({4, 8, 8}) * 0.2},  // no alpha: no constraint
+      {conv + ".oft_blocks", at::randn({8, 8, 8})},
+      {conv + ".alpha", at::scalar_tensor(1e-2)},  // bound 0.64, far below ‖Q‖
+  };
+  const fs::path path = dir.path() / "oft.safetensors";
+  io::save_safetensors(path, t);
+  StableDiffusion base = load_tiny(), whole = load_tiny(), partial = load_tiny();
+  apply_lora_files(whole, {path.string()}, {1.0}, /*fuse=*/false);
+  apply_lora_files(partial, {path.string()}, {0.7}, /*fuse=*/false);
+  struct Case {
+    std::string module, stem;
+    double bound;  // 0: none
+  };
+  for (const Case& c : {Case{"down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_out.0", linear, 0},
+                        Case{"down_blocks.1.resnets.0.conv1", conv, 1e-2 * 64}}) {
+    SCOPED_TRACE(c.module);
+    const at::Tensor w = layer_weight(base, LoraComponent::kUNet, c.module).to(at::kDouble),
+                     w1 = layer_weight(whole, LoraComponent::kUNet, c.module).to(at::kDouble),
+                     w07 = layer_weight(partial, LoraComponent::kUNet, c.module).to(at::kDouble);
+    const at::Tensor blocks = t.at(c.stem + ".oft_blocks").to(at::kDouble);
+    const int64_t k = blocks.size(0), n = blocks.size(1);
+    at::Tensor q = blocks - blocks.transpose(1, 2);
+    if (c.bound > 0) {
+      ASSERT_GT(q.norm().item<double>(), c.bound);
+      q = q * (c.bound / q.norm().item<double>());
+    }
+    const at::Tensor eye = at::eye(n, at::kDouble);
+    at::Tensor expected = w.clone();
+    for (int64_t b = 0; b < k; ++b) {
+      const at::Tensor r = at::linalg_solve(eye - q[b], eye + q[b]);
+      const at::Tensor rows = w.slice(0, b * n, (b + 1) * n).reshape({n, -1}), rotated = at::mm(r.t(), rows);
+      expected.slice(0, b * n, (b + 1) * n).copy_(rotated.reshape_as(expected.slice(0, b * n, (b + 1) * n)));
+      const at::Tensor rows1 = w1.slice(0, b * n, (b + 1) * n).reshape({n, -1});
+      EXPECT_TRUE(at::allclose(at::mm(rows1.t(), rows1), at::mm(rows.t(), rows), 1e-4, 1e-6)) << "block " << b;
+    }
+    EXPECT_TRUE(at::allclose(w1, expected, 1e-4, 1e-6));
+    EXPECT_TRUE(at::allclose(w07, w + (expected - w) * 0.7, 1e-4, 1e-6));
+    EXPECT_TRUE(at::equal(layer_weight(partial, LoraComponent::kUNet, c.module, "bias"),
+                          layer_weight(base, LoraComponent::kUNet, c.module, "bias")));
+  }
 }
 
 // peft's DoRA as diffusers saves it (lora_magnitude_vector beside the LoRA's factors, diffusers' or peft's names) by
