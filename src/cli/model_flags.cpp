@@ -27,10 +27,11 @@ CLI::Option* add_model_flags(CLI::App* cmd, const std::string& name, pipeline::M
 }
 
 void add_lora_flags(CLI::App* cmd, LoraRequest& request, const std::string& use) {
-  repeated_flag(cmd, "--lora", request.files,
-                "A LoRA file (diffusers pytorch_lora_weights.safetensors or .bin, kohya/A1111 format, or LyCORIS "
-                "LoCon/LoHa/LoKr/full/IA3/OFT, with or without DoRA) or a folder holding pytorch_lora_weights.*, " +
-                    use + "; repeatable");
+  repeated_flag(
+      cmd, "--lora", request.files,
+      "A LoRA file (diffusers pytorch_lora_weights.safetensors or .bin, kohya/A1111 format, or LyCORIS "
+      "LoCon/LoHa/LoKr/full/IA3/OFT/GLoRA, with or without DoRA) or a folder holding pytorch_lora_weights.*, " +
+          use + "; repeatable");
   repeated_flag(
       cmd, "--lora_scale", request.scales,
       "Strength of the --lora given in the same position (default 1; diffusers' cross_attention_kwargs scale)");

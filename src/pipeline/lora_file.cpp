@@ -119,8 +119,8 @@ LoraComponent kohya_component(const std::string& stem) {
 bool is_sdxl_key(const std::string& key) { return key.rfind("lora_te1_", 0) == 0 || key.rfind("lora_te2_", 0) == 0; }
 
 // lora_unet_<module with _>.lora_down.weight, .hada_w1_a etc. as {stem, part}, a part kohya_suffixes() does not name
-// (IA³'s weight and on_input, OFT's oft_blocks; LyCORIS' GLoRA and norm modules) as it stands after the stem's dot;
-// nullopt for a key of another shape.
+// (IA³'s weight and on_input, OFT's oft_blocks, GLoRA's a1.weight ...; LyCORIS' norm modules) as it stands after the
+// stem's dot; nullopt for a key of another shape.
 std::optional<std::pair<std::string, std::string>> split_kohya_key(const std::string& key) {
   if (key.rfind("lora_unet_", 0) != 0 && key.rfind("lora_te_", 0) != 0 && !is_sdxl_key(key)) return std::nullopt;
   for (const auto& [suffix, part] : kohya_suffixes())
@@ -147,11 +147,11 @@ std::optional<KeyTarget> parse_kohya_key(const std::string& key,
 // One layer's tensors in a file, by part name (KeyTarget::part).
 using Parts = std::map<std::string, at::Tensor>;
 
-enum class ModuleKind { kLora, kLoha, kLokr, kFull, kIa3, kOft };
+enum class ModuleKind { kLora, kLoha, kLokr, kFull, kIa3, kOft, kGlora };
 
 // The kind of module a part belongs to: down, up and mid make a LoRA, hada_* a LoHa, lokr_* a LoKr, diff and diff_b
-// a full update, weight and on_input an IA³ scaling, oft_blocks an orthogonal rotation; nullopt for alpha and the DoRA
-// norms (LyCORIS' dora_scale, peft's lora_magnitude_vector), which any kind can have.
+// a full update, weight and on_input an IA³ scaling, oft_blocks an orthogonal rotation, a1/a2/b1/b2/bm.weight a GLoRA;
+// nullopt for alpha and the DoRA norms (LyCORIS' dora_scale, peft's lora_magnitude_vector), which any kind can have.
 std::optional<ModuleKind> kind_of_part(const std::string& part) {
   if (part == "down" || part == "up" || part == "mid") return ModuleKind::kLora;
   if (part.rfind("hada_", 0) == 0) return ModuleKind::kLoha;
@@ -159,6 +159,8 @@ std::optional<ModuleKind> kind_of_part(const std::string& part) {
   if (part == "diff" || part == "diff_b") return ModuleKind::kFull;
   if (part == "weight" || part == "on_input") return ModuleKind::kIa3;
   if (part == "oft_blocks") return ModuleKind::kOft;
+  if (part == "a1.weight" || part == "a2.weight" || part == "b1.weight" || part == "b2.weight" || part == "bm.weight")
+    return ModuleKind::kGlora;
   return std::nullopt;
 }
 
@@ -182,8 +184,8 @@ ModuleKind kind_of(const PartMap& parts, const std::string& layer) {
   const std::vector<std::string> unread = unread_parts(parts);
   SD_CHECK(unread.empty(),
            "{}: '{}' is not read: sdtrain reads LoRA and LoCon (lora_down, lora_up, lora_mid), LoHa (hada_*), LoKr "
-           "(lokr_*), full (diff, diff_b), IA3 (weight, on_input) and OFT (oft_blocks) modules, with alpha and "
-           "dora_scale, not LyCORIS' GLoRA or norm-layer modules",
+           "(lokr_*), full (diff, diff_b), IA3 (weight, on_input), OFT (oft_blocks) and GLoRA (a1.weight, ...) "
+           "modules, with alpha and dora_scale, not LyCORIS' norm-layer modules",
            layer, fmt::join(unread, "', '"));
   std::set<ModuleKind> kinds;
   std::vector<std::string> others;
@@ -195,8 +197,8 @@ ModuleKind kind_of(const PartMap& parts, const std::string& layer) {
   }
   SD_CHECK(!kinds.empty(), "{} has {} but no weights", layer, fmt::join(others, " and "));
   SD_CHECK(kinds.size() == 1,
-           "{} mixes the keys of LoRA (lora_down/lora_up), LoHa (hada_*), LoKr (lokr_*), full (diff), IA3 (weight) and "
-           "OFT (oft_blocks) modules",
+           "{} mixes the keys of LoRA (lora_down/lora_up), LoHa (hada_*), LoKr (lokr_*), full (diff), IA3 (weight), "
+           "OFT (oft_blocks) and GLoRA (a1.weight, ...) modules",
            layer);
   return *kinds.begin();
 }
@@ -236,8 +238,18 @@ const char* kind_label(ModuleKind kind) {
     case ModuleKind::kFull: return "Full";
     case ModuleKind::kIa3: return "IA3";
     case ModuleKind::kOft: return "OFT";
+    case ModuleKind::kGlora: return "GLoRA";
   }
   return "";
+}
+
+// Throws sd::Error naming which of `parts` a module of `kind` lacks, when it lacks any.
+void check_all_parts(const Parts& p, const std::vector<std::string>& parts, ModuleKind kind, const std::string& layer) {
+  std::vector<std::string> missing;
+  for (const std::string& part : parts)
+    if (!p.count(part)) missing.push_back(part);
+  SD_CHECK(missing.empty(), "{}: a {} module needs {} and {}; {} missing", layer, kind_label(kind),
+           fmt::join(parts.begin(), parts.end() - 1, ", "), parts.back(), fmt::join(missing, ", "));
 }
 
 // Throws sd::Error naming the factors a module of `kind` needs and lacks.
@@ -249,14 +261,12 @@ void check_factors(const Parts& p, ModuleKind kind, const std::string& layer) {
                has_down ? "up" : "down");
       break;
     }
-    case ModuleKind::kLoha: {
-      std::vector<std::string> missing;
-      for (const char* part : {"hada_w1_a", "hada_w1_b", "hada_w2_a", "hada_w2_b"})
-        if (!p.count(part)) missing.push_back(part);
-      SD_CHECK(missing.empty(), "{}: a LoHa module needs hada_w1_a, hada_w1_b, hada_w2_a and hada_w2_b; {} missing",
-               layer, fmt::join(missing, ", "));
+    case ModuleKind::kLoha:
+      check_all_parts(p, {"hada_w1_a", "hada_w1_b", "hada_w2_a", "hada_w2_b"}, kind, layer);
       break;
-    }
+    case ModuleKind::kGlora:
+      check_all_parts(p, {"a1.weight", "a2.weight", "b1.weight", "b2.weight"}, kind, layer);
+      break;
     case ModuleKind::kLokr:
       for (const std::string n : {"1", "2"})
         SD_CHECK(p.count("lokr_w" + n) || (p.count("lokr_w" + n + "_a") && p.count("lokr_w" + n + "_b")),
@@ -287,6 +297,7 @@ std::optional<std::string> rank_part(const PartMap& p, ModuleKind kind) {
     case ModuleKind::kFull:
     case ModuleKind::kIa3:
     case ModuleKind::kOft: return std::nullopt;
+    case ModuleKind::kGlora: return "a2.weight";
   }
   return std::nullopt;
 }
@@ -319,10 +330,24 @@ at::Tensor oft_update(const Parts& p, const at::Tensor& weight, std::optional<do
   return at::matmul(rotation.transpose(1, 2), w.reshape({k, n, -1})).reshape(weight.sizes()) - w;
 }
 
+// GLoRA's update of weight W (LyCORIS' glora, arXiv 2306.07967): ΔW = W·(a1·a2) + b1·b2, the first mixing W's input
+// channels (a1 [in, r], a2 [r, in]; 1x1 for a conv), the second a LoCon's product (b1 [out, r], b2 [r, in, kh, kw];
+// with bm [r, r, kh, kw] the Tucker form, b2 1x1).
+at::Tensor glora_update(const Parts& p, const at::Tensor& weight) {
+  const at::Tensor w = weight.to(p.at("a1.weight").options());
+  const at::Tensor mix = low_rank_product(p.at("a1.weight"), p.at("a2.weight"));  // [in, in]
+  const at::Tensor mixed = at::tensordot(w, mix, {1}, {0}).movedim(-1, 1);  // [out, ..., in] back to [out, in, ...]
+  const at::Tensor &b1 = p.at("b1.weight"), &b2 = p.at("b2.weight");
+  const auto bm = p.find("bm.weight");
+  const at::Tensor b =
+      bm != p.end() ? tucker_product(bm->second, b1.flatten(1).t(), b2.flatten(1)) : low_rank_product(b1, b2);
+  return mixed + b.reshape(weight.sizes());
+}
+
 // A module's whole weight update (A1111's network_lora / network_hada / network_lokr / network_full / network_ia3 /
-// network_oft) for a layer whose weight is now `weight`, times alpha / dim, where dim is the rank of its low-rank
-// products (down's for LoRA, w1_b's for LoHa; w2_b's, else w1_b's, for LoKr). Without an alpha or a rank (a LoKr of
-// whole factors, a full update, IA³, OFT) the update is taken as it is.
+// network_oft / network_glora) for a layer whose weight is now `weight`, times alpha / dim, where dim is the rank of
+// its low-rank products (down's for LoRA, w1_b's for LoHa; w2_b's, else w1_b's, for LoKr; a2's for GLoRA). Without an
+// alpha or a rank (a LoKr of whole factors, a full update, IA³, OFT) the update is taken as it is.
 //   LoRA:                            ΔW = up·down, or with LyCORIS' lora_mid (a kxk conv in Tucker form) the
 //                                         Tucker product of mid [r, r, kh, kw], up [out, r, 1, 1], down [r, in, 1, 1]
 //   LoHa (FedPara, arXiv 2108.06098): ΔW = (w1_a·w1_b) ⊙ (w2_a·w2_b)
@@ -332,6 +357,7 @@ at::Tensor oft_update(const Parts& p, const at::Tensor& weight, std::optional<do
 //                                         and A1111 merge it)
 //   OFT (arXiv 2306.07280):          ΔW = Rᵀ·W − W, R block-diagonal and orthogonal (alpha bounds it instead of
 //                                         scaling it)
+//   GLoRA (arXiv 2306.07967):        ΔW = W·(a1·a2) + b1·b2
 at::Tensor module_update(const Parts& p, ModuleKind kind, const at::Tensor& weight, std::optional<double> alpha,
                          const std::string& layer) {
   at::Tensor update;
@@ -357,6 +383,7 @@ at::Tensor module_update(const Parts& p, ModuleKind kind, const at::Tensor& weig
       case ModuleKind::kFull: update = p.at("diff"); break;
       case ModuleKind::kIa3: update = ia3_update(p, weight); break;
       case ModuleKind::kOft: update = oft_update(p, weight, alpha); break;
+      case ModuleKind::kGlora: update = glora_update(p, weight); break;
     }
     update = update.reshape(weight.sizes());
   } catch (const std::exception&) {  // c10::Error from sizes and products, std::runtime_error from reshape

@@ -98,8 +98,8 @@ struct LoraFileSummary {
   };
   std::set<std::string> namings;  // "diffusers", "kohya"
   bool sdxl = false;              // kohya's names of SDXL's two text encoders (te1, te2): not for SD-1.x/2.x
-  // "LoRA" (linear or 1x1 conv), "LoCon" (kxk conv), "LoHa", "LoKr", "Full", "IA3", "OFT", each "+DoRA" where it has a
-  // dora_scale
+  // "LoRA" (linear or 1x1 conv), "LoCon" (kxk conv), "LoHa", "LoKr", "Full", "IA3", "OFT", "GLoRA", each "+DoRA" where
+  // it has a dora_scale
   std::map<std::string, Kind> kinds;
   int64_t unet_modules = 0, text_encoder_modules = 0;
   ComponentSummary weights;  // parameters, bytes and dtypes of the weights (alphas not counted)

@@ -1,6 +1,6 @@
 // LoRA files (pipeline/lora_file.h): the names diffusers 0.24 and kohya write, both formats read back to the same
-// adapters, the reference file (C11) loads onto tiny-sd1, LyCORIS' LoHa, LoKr, Tucker LoCon, full, IA³, OFT and
-// DoRA updates as their definitions, and one clear line for every bad file.
+// adapters, the reference file (C11) loads onto tiny-sd1, LyCORIS' LoHa, LoKr, Tucker LoCon, full, IA³, OFT, GLoRA
+// and DoRA updates as their definitions, and one clear line for every bad file.
 #include "pipeline/lora_file.h"
 
 #include "io/safetensors.h"
@@ -164,11 +164,11 @@ TEST(LoraFile, BadFilesAreOneLineNamingTheFileAndKey) {
                 "lora_unet_<module>.lora_down.weight, LyCORIS' .hada_w1_a (LoHa) or .lokr_w1 (LoKr), and their "
                 "text-encoder, up and alpha twins)");
   const std::string stem = "lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_q";
-  EXPECT_EQ(error_for({{stem + ".a1.weight", down}, {stem + ".alpha", at::scalar_tensor(1.0)}}),
+  EXPECT_EQ(error_for({{stem + ".w_norm", down}, {stem + ".alpha", at::scalar_tensor(1.0)}}),
             file + ": layer " + kUNetModule +
-                ": 'a1.weight' is not read: sdtrain reads LoRA and LoCon (lora_down, lora_up, lora_mid), LoHa "
-                "(hada_*), LoKr (lokr_*), full (diff, diff_b), IA3 (weight, on_input) and OFT (oft_blocks) modules, "
-                "with alpha and dora_scale, not LyCORIS' GLoRA or norm-layer modules");
+                ": 'w_norm' is not read: sdtrain reads LoRA and LoCon (lora_down, lora_up, lora_mid), LoHa "
+                "(hada_*), LoKr (lokr_*), full (diff, diff_b), IA3 (weight, on_input), OFT (oft_blocks) and GLoRA "
+                "(a1.weight, ...) modules, with alpha and dora_scale, not LyCORIS' norm-layer modules");
   EXPECT_EQ(error_for({{"lora_unet_oft_blocks", down}}),
             file +
                 ": unknown key 'lora_unet_oft_blocks' (expected diffusers' unet.<module>.lora.down.weight or kohya's "
@@ -207,12 +207,15 @@ TEST(LoraFile, BadFilesAreOneLineNamingTheFileAndKey) {
                 "up [64, 3, 1, 1] do not make the layer's weight [64, 32, 3, 3]");
   EXPECT_EQ(error_for({{stem + ".lora_down.weight", down}, {stem + ".hada_w1_a", up}}),
             layer +
-                " mixes the keys of LoRA (lora_down/lora_up), LoHa (hada_*), LoKr (lokr_*), full (diff), IA3 (weight) "
-                "and OFT (oft_blocks) modules");
+                " mixes the keys of LoRA (lora_down/lora_up), LoHa (hada_*), LoKr (lokr_*), full (diff), IA3 (weight), "
+                "OFT (oft_blocks) and GLoRA (a1.weight, ...) modules");
   EXPECT_EQ(error_for({{stem + ".on_input", at::scalar_tensor(int64_t{1})}}),
             layer + ": an IA3 module needs weight besides on_input");
   EXPECT_EQ(error_for({{stem + ".weight", at::ones({31})}}),
             layer + ": the IA3 factors weight [31] do not make the layer's weight [32, 32]");
+  EXPECT_EQ(
+      error_for({{stem + ".a1.weight", up}, {stem + ".b2.weight", down}}),
+      layer + ": a GLoRA module needs a1.weight, a2.weight, b1.weight and b2.weight; a2.weight, b1.weight missing");
   EXPECT_EQ(error_for({{stem + ".oft_blocks", at::zeros({2, 8, 8})}}),
             layer + ": the OFT factors oft_blocks [2, 8, 8] do not make the layer's weight [32, 32]");
   EXPECT_EQ(error_for({{stem + ".oft_blocks", at::zeros({2, 2, 8, 8})}}),
@@ -571,6 +574,45 @@ TEST(LoraFile, OftRotatesBlocksOfOutputRows) {
     EXPECT_TRUE(at::allclose(w07, w + (expected - w) * 0.7, 1e-4, 1e-6));
     EXPECT_TRUE(at::equal(layer_weight(partial, LoraComponent::kUNet, c.module, "bias"),
                           layer_weight(base, LoraComponent::kUNet, c.module, "bias")));
+  }
+}
+
+// GLoRA (LyCORIS' glora) by its definition, ΔW = (W·(a1·a2) + b1·b2) · alpha / rank: the layer's input channels
+// mixed by a1·a2 (Σ_j W[o, j, ...]·M[j, i]), plus a LoCon's product; merged at --lora_scale 0.7.
+TEST(LoraFile, GLoRAMixesTheInputsAndAddsALowRankProduct) {
+  sd::test::TempDir dir;
+  at::manual_seed(6);
+  const std::string linear = "lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_out_0";  // [32, 32]
+  const std::string conv = "lora_unet_down_blocks_1_resnets_0_conv1";  // [64, 32, 3, 3]
+  const io::TensorMap t = {
+      {linear + ".a1.weight", at::randn({32, 4}) * 0.1}, {linear + ".a2.weight", at::randn({4, 32}) * 0.1},
+      {linear + ".b1.weight", at::randn({32, 4}) * 0.1}, {linear + ".b2.weight", at::randn({4, 32}) * 0.1},
+      {linear + ".alpha", at::scalar_tensor(2.0)},  // alpha / rank = 1/2
+      {conv + ".a1.weight", at::randn({32, 2, 1, 1})},   {conv + ".a2.weight", at::randn({2, 32, 1, 1})},
+      {conv + ".b1.weight", at::randn({64, 2, 1, 1})},   {conv + ".b2.weight", at::randn({2, 32, 3, 3})},
+  };
+  const fs::path path = dir.path() / "glora.safetensors";
+  io::save_safetensors(path, t);
+  StableDiffusion base = load_tiny(), partial = load_tiny();
+  apply_lora_files(partial, {path.string()}, {0.7}, /*fuse=*/false);
+  struct Case {
+    std::string module, stem;
+    double multiplier;
+  };
+  for (const Case& c : {Case{"down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_out.0", linear, 0.5},
+                        Case{"down_blocks.1.resnets.0.conv1", conv, 1.0}}) {
+    SCOPED_TRACE(c.module);
+    const at::Tensor w = layer_weight(base, LoraComponent::kUNet, c.module),
+                     w07 = layer_weight(partial, LoraComponent::kUNet, c.module);
+    const at::Tensor mix = product_by_elements(t.at(c.stem + ".a1.weight"), t.at(c.stem + ".a2.weight"));
+    std::vector<int64_t> row(w.dim(), 1);
+    row[1] = -1;
+    at::Tensor mixed = at::zeros_like(w);
+    for (int64_t j = 0; j < w.size(1); ++j) mixed += w.narrow(1, j, 1) * mix[j].reshape(row);
+    const at::Tensor update =
+        (mixed + product_by_elements(t.at(c.stem + ".b1.weight"), t.at(c.stem + ".b2.weight")).reshape(w.sizes())) *
+        c.multiplier;
+    EXPECT_TRUE(at::allclose(w07 - w, update * 0.7, 1e-4, 1e-5));
   }
 }
 
