@@ -30,7 +30,7 @@ void add_lora_flags(CLI::App* cmd, LoraRequest& request, const std::string& use)
   repeated_flag(
       cmd, "--lora", request.files,
       "A LoRA file (diffusers pytorch_lora_weights.safetensors or .bin, kohya/A1111 format, or LyCORIS "
-      "LoCon/LoHa/LoKr/full/IA3/OFT/GLoRA, with or without DoRA) or a folder holding pytorch_lora_weights.*, " +
+      "LoCon/LoHa/LoKr/full/IA3/OFT/GLoRA/norm, with or without DoRA) or a folder holding pytorch_lora_weights.*, " +
           use + "; repeatable");
   repeated_flag(
       cmd, "--lora_scale", request.scales,

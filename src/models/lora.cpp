@@ -35,7 +35,8 @@ void register_layer_parameters(torch::nn::Module& layer, at::IntArrayRef weight_
   if (!layers_uninitialized) initialize_as_torch_does(weight, bias);
 }
 
-// target += multiplier · delta, summed in at least float32 and rounded to target's dtype once.
+}  // namespace
+
 void add_in_float32(at::Tensor& target, const at::Tensor& delta, double multiplier) {
   at::NoGradGuard no_grad;
   const at::ScalarType dtype = at::promote_types(target.scalar_type(), at::kFloat);
@@ -45,8 +46,6 @@ void add_in_float32(at::Tensor& target, const at::Tensor& delta, double multipli
   else
     target.copy_(target.to(dtype).add_(addend, multiplier));
 }
-
-}  // namespace
 
 ScopedUninitializedLayers::ScopedUninitializedLayers() : previous_(layers_uninitialized) {
   layers_uninitialized = true;

@@ -27,6 +27,10 @@ struct LoraAdapter {
   double multiplier() const { return scale * alpha / static_cast<double>(rank()); }
 };
 
+// target += multiplier · delta (as many values as target), summed in at least float32 and rounded to target's dtype
+// once; without a graph.
+void add_in_float32(at::Tensor& target, const at::Tensor& delta, double multiplier);
+
 // What a layer that can carry adapters offers. Adapters are applied in the input's dtype (a float32 adapter on a
 // bf16 model is cast on the fly, keeping its gradient flowing to the float32 tensor).
 class LoraHost {

@@ -4,6 +4,7 @@
 #include <limits>
 #include <optional>
 #include <set>
+#include <torch/nn/modules/normalization.h>
 
 #include "core/error.h"
 #include "io/safetensors.h"
@@ -41,6 +42,25 @@ std::map<std::string, models::LoraHost*> hosts_by_path(StableDiffusion& pipe, Lo
   std::map<std::string, models::LoraHost*> hosts;
   for (const auto& [path, host] : models::lora_hosts(model_of(pipe, c))) hosts[path] = host;
   return hosts;
+}
+
+// The module paths of a component's GroupNorm and LayerNorm layers (what LyCORIS' norm modules update).
+std::vector<std::string> norm_layer_paths(StableDiffusion& pipe, LoraComponent c) {
+  std::vector<std::string> paths;
+  for (const auto& item : model_of(pipe, c).named_modules("", /*include_self=*/false))
+    if (item.value()->as<torch::nn::GroupNormImpl>() || item.value()->as<torch::nn::LayerNormImpl>())
+      paths.push_back(item.key());
+  return paths;
+}
+
+// A norm layer's "weight" or "bias" parameter (a handle to it); throws sd::Error naming `source` unless the component
+// has it.
+at::Tensor norm_parameter(StableDiffusion& pipe, LoraComponent c, const std::string& module, const std::string& name,
+                          const std::string& source) {
+  const auto parameters = model_of(pipe, c).named_parameters();
+  const at::Tensor* parameter = parameters.find(module + "." + name);
+  SD_CHECK(parameter, "{}: {} has no norm layer '{}' with a {}", source, component_label(c), module, name);
+  return *parameter;
 }
 
 // The pipeline's adaptable layers by component and module path, gathered once per component on first use.
@@ -119,7 +139,7 @@ LoraComponent kohya_component(const std::string& stem) {
 bool is_sdxl_key(const std::string& key) { return key.rfind("lora_te1_", 0) == 0 || key.rfind("lora_te2_", 0) == 0; }
 
 // lora_unet_<module with _>.lora_down.weight, .hada_w1_a etc. as {stem, part}, a part kohya_suffixes() does not name
-// (IA³'s weight and on_input, OFT's oft_blocks, GLoRA's a1.weight ...; LyCORIS' norm modules) as it stands after the
+// (IA³'s weight and on_input, OFT's oft_blocks, GLoRA's a1.weight ..., w_norm and b_norm) as it stands after the
 // stem's dot; nullopt for a key of another shape.
 std::optional<std::pair<std::string, std::string>> split_kohya_key(const std::string& key) {
   if (key.rfind("lora_unet_", 0) != 0 && key.rfind("lora_te_", 0) != 0 && !is_sdxl_key(key)) return std::nullopt;
@@ -139,7 +159,7 @@ std::optional<KeyTarget> parse_kohya_key(const std::string& key,
   if (!split) return std::nullopt;
   const auto& [stem, part] = *split;
   const auto it = paths.find(stem);
-  SD_CHECK(it != paths.end(), "{}: '{}': {} has no Linear or Conv2d layer named {}", file, key,
+  SD_CHECK(it != paths.end(), "{}: '{}': {} has no Linear, Conv2d or norm layer named {}", file, key,
            component_label(kohya_component(stem)), stem);
   return KeyTarget{it->second.first, it->second.second, part};
 }
@@ -147,11 +167,12 @@ std::optional<KeyTarget> parse_kohya_key(const std::string& key,
 // One layer's tensors in a file, by part name (KeyTarget::part).
 using Parts = std::map<std::string, at::Tensor>;
 
-enum class ModuleKind { kLora, kLoha, kLokr, kFull, kIa3, kOft, kGlora };
+enum class ModuleKind { kLora, kLoha, kLokr, kFull, kIa3, kOft, kGlora, kNorm };
 
 // The kind of module a part belongs to: down, up and mid make a LoRA, hada_* a LoHa, lokr_* a LoKr, diff and diff_b
-// a full update, weight and on_input an IA³ scaling, oft_blocks an orthogonal rotation, a1/a2/b1/b2/bm.weight a GLoRA;
-// nullopt for alpha and the DoRA norms (LyCORIS' dora_scale, peft's lora_magnitude_vector), which any kind can have.
+// a full update, weight and on_input an IA³ scaling, oft_blocks an orthogonal rotation, a1/a2/b1/b2/bm.weight a GLoRA,
+// w_norm and b_norm a norm layer's update; nullopt for alpha and the DoRA norms (LyCORIS' dora_scale, peft's
+// lora_magnitude_vector), which any kind can have.
 std::optional<ModuleKind> kind_of_part(const std::string& part) {
   if (part == "down" || part == "up" || part == "mid") return ModuleKind::kLora;
   if (part.rfind("hada_", 0) == 0) return ModuleKind::kLoha;
@@ -161,6 +182,7 @@ std::optional<ModuleKind> kind_of_part(const std::string& part) {
   if (part == "oft_blocks") return ModuleKind::kOft;
   if (part == "a1.weight" || part == "a2.weight" || part == "b1.weight" || part == "b2.weight" || part == "bm.weight")
     return ModuleKind::kGlora;
+  if (part == "w_norm" || part == "b_norm") return ModuleKind::kNorm;
   return std::nullopt;
 }
 
@@ -184,8 +206,8 @@ ModuleKind kind_of(const PartMap& parts, const std::string& layer) {
   const std::vector<std::string> unread = unread_parts(parts);
   SD_CHECK(unread.empty(),
            "{}: '{}' is not read: sdtrain reads LoRA and LoCon (lora_down, lora_up, lora_mid), LoHa (hada_*), LoKr "
-           "(lokr_*), full (diff, diff_b), IA3 (weight, on_input), OFT (oft_blocks) and GLoRA (a1.weight, ...) "
-           "modules, with alpha and dora_scale, not LyCORIS' norm-layer modules",
+           "(lokr_*), full (diff, diff_b), IA3 (weight, on_input), OFT (oft_blocks), GLoRA (a1.weight, ...) and "
+           "norm (w_norm, b_norm) modules, with alpha and dora_scale; not BOFT or others",
            layer, fmt::join(unread, "', '"));
   std::set<ModuleKind> kinds;
   std::vector<std::string> others;
@@ -198,7 +220,7 @@ ModuleKind kind_of(const PartMap& parts, const std::string& layer) {
   SD_CHECK(!kinds.empty(), "{} has {} but no weights", layer, fmt::join(others, " and "));
   SD_CHECK(kinds.size() == 1,
            "{} mixes the keys of LoRA (lora_down/lora_up), LoHa (hada_*), LoKr (lokr_*), full (diff), IA3 (weight), "
-           "OFT (oft_blocks) and GLoRA (a1.weight, ...) modules",
+           "OFT (oft_blocks), GLoRA (a1.weight, ...) and norm (w_norm) modules",
            layer);
   return *kinds.begin();
 }
@@ -239,6 +261,7 @@ const char* kind_label(ModuleKind kind) {
     case ModuleKind::kIa3: return "IA3";
     case ModuleKind::kOft: return "OFT";
     case ModuleKind::kGlora: return "GLoRA";
+    case ModuleKind::kNorm: return "Norm";
   }
   return "";
 }
@@ -274,6 +297,11 @@ void check_factors(const Parts& p, ModuleKind kind, const std::string& layer) {
       break;
     case ModuleKind::kFull: SD_CHECK(p.count("diff"), "{}: a full module needs diff besides diff_b", layer); break;
     case ModuleKind::kIa3: SD_CHECK(p.count("weight"), "{}: an IA3 module needs weight besides on_input", layer); break;
+    case ModuleKind::kNorm:
+      SD_CHECK(p.count("w_norm"), "{}: a norm module needs w_norm besides b_norm", layer);
+      SD_CHECK(!p.count("dora_scale") && !p.count("lora_magnitude_vector"), "{}: a norm module takes no DoRA norms",
+               layer);
+      break;
     case ModuleKind::kOft:
       SD_CHECK(p.at("oft_blocks").dim() != 4,
                "{}: oft_blocks of 4 dimensions make LyCORIS' BOFT, which sdtrain does not read (OFT's are [blocks, "
@@ -296,7 +324,8 @@ std::optional<std::string> rank_part(const PartMap& p, ModuleKind kind) {
       return std::nullopt;
     case ModuleKind::kFull:
     case ModuleKind::kIa3:
-    case ModuleKind::kOft: return std::nullopt;
+    case ModuleKind::kOft:
+    case ModuleKind::kNorm: return std::nullopt;
     case ModuleKind::kGlora: return "a2.weight";
   }
   return std::nullopt;
@@ -358,6 +387,8 @@ at::Tensor glora_update(const Parts& p, const at::Tensor& weight) {
 //   OFT (arXiv 2306.07280):          ΔW = Rᵀ·W − W, R block-diagonal and orthogonal (alpha bounds it instead of
 //                                         scaling it)
 //   GLoRA (arXiv 2306.07967):        ΔW = W·(a1·a2) + b1·b2
+//   norm (LyCORIS' norms):           ΔW = w_norm, of a GroupNorm's or LayerNorm's weight (its bias update, b_norm,
+//                                         is the caller's)
 at::Tensor module_update(const Parts& p, ModuleKind kind, const at::Tensor& weight, std::optional<double> alpha,
                          const std::string& layer) {
   at::Tensor update;
@@ -381,6 +412,7 @@ at::Tensor module_update(const Parts& p, ModuleKind kind, const at::Tensor& weig
         break;
       }
       case ModuleKind::kFull: update = p.at("diff"); break;
+      case ModuleKind::kNorm: update = p.at("w_norm"); break;
       case ModuleKind::kIa3: update = ia3_update(p, weight); break;
       case ModuleKind::kOft: update = oft_update(p, weight, alpha); break;
       case ModuleKind::kGlora: update = glora_update(p, weight); break;
@@ -389,7 +421,7 @@ at::Tensor module_update(const Parts& p, ModuleKind kind, const at::Tensor& weig
   } catch (const std::exception&) {  // c10::Error from sizes and products, std::runtime_error from reshape
     std::vector<std::string> shapes;
     for (const auto& [part, tensor] : p)
-      if (!is_setting_part(part) && part != "diff_b")
+      if (!is_setting_part(part) && part != "diff_b" && part != "b_norm")
         shapes.push_back(fmt::format("{} [{}]", part, fmt::join(tensor.sizes(), ", ")));
     fail("{}: the {} factors {} do not make the layer's weight [{}]", layer, kind_label(kind), fmt::join(shapes, ", "),
          fmt::join(weight.sizes(), ", "));
@@ -458,11 +490,14 @@ std::map<std::string, std::pair<LoraComponent, std::string>> kohya_paths(StableD
   const models::LdmNames ldm(pipe.unet->config(), pipe.vae.is_empty() ? models::VaeConfig() : pipe.vae->config(),
                              pipe.text_encoder->config());
   std::map<std::string, std::pair<LoraComponent, std::string>> paths;
-  for (LoraComponent c : {LoraComponent::kUNet, LoraComponent::kTextEncoder})
-    for (const auto& [path, host] : hosts_by_path(pipe, c)) {
+  for (LoraComponent c : {LoraComponent::kUNet, LoraComponent::kTextEncoder}) {
+    std::vector<std::string> layers = norm_layer_paths(pipe, c);
+    for (const auto& [path, host] : hosts_by_path(pipe, c)) layers.push_back(path);
+    for (const std::string& path : layers) {
       paths[kohya_stem(c, path)] = {c, path};
       if (c == LoraComponent::kUNet) paths[kohya_stem(c, ldm_unet_module(ldm, path))] = {c, path};
     }
+  }
   return paths;
 }
 
@@ -553,6 +588,17 @@ LoraFileContents load_lora_file(const fs::path& given, StableDiffusion& pipe) {
       contents.adapters.push_back({where.first, where.second, down, up, alpha.value_or(down.size(0))});
       continue;
     }
+    if (kind == ModuleKind::kNorm) {
+      const at::Tensor weight = norm_parameter(pipe, where.first, where.second, "weight", name).detach();
+      const auto bias = parts.find("b_norm");
+      SD_CHECK(bias == parts.end() || bias->second.numel() == weight.numel(),
+               "{}: b_norm [{}] does not fit the layer's bias [{}]", layer, fmt::join(bias->second.sizes(), ", "),
+               weight.numel());
+      contents.updates.push_back({where.first, where.second, module_update(parts, kind, weight, alpha, layer),
+                                  bias != parts.end() ? bias->second : at::Tensor(), at::Tensor(),
+                                  /*norm_layer=*/true});
+      continue;
+    }
     models::LoraHost& host = layers.at(where.first, where.second, name);
     at::Tensor update = module_update(parts, kind, host.current_weight(), alpha, layer);
     if (dora_scale != parts.end())
@@ -639,10 +685,27 @@ void attach_lora(StableDiffusion& pipe, const LoraWeights& weights, double scale
     layers.at(m.component, m.module, source).add_adapter({m.down, m.up, m.alpha, scale}, source + ": " + m.module);
 }
 
+namespace {
+
+// LyCORIS' norm module merged as LyCORIS and A1111 merge it: weight += scale · w_norm, bias += scale · b_norm.
+void add_to_norm_layer(StableDiffusion& pipe, const WeightUpdate& u, double scale, const std::string& source) {
+  at::Tensor weight = norm_parameter(pipe, u.component, u.module, "weight", source);
+  models::add_in_float32(weight, u.delta, scale);
+  if (!u.bias_delta.defined()) return;
+  at::Tensor bias = norm_parameter(pipe, u.component, u.module, "bias", source);
+  models::add_in_float32(bias, u.bias_delta, scale);
+}
+
+}  // namespace
+
 void apply_weight_updates(StableDiffusion& pipe, const std::vector<WeightUpdate>& updates, double scale,
                           const std::string& source) {
   PipelineLayers layers(pipe);
   for (const WeightUpdate& u : updates) {
+    if (u.norm_layer) {
+      add_to_norm_layer(pipe, u, scale, source);
+      continue;
+    }
     models::LoraHost& layer = layers.at(u.component, u.module, source);
     if (u.magnitude.defined())
       layer.add_to_weight(peft_dora_update(layer.current_weight(), u.delta, u.magnitude, scale), 1.0,

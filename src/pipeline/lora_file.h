@@ -42,7 +42,8 @@ struct LoraModule {
 };
 using LoraWeights = std::vector<LoraModule>;
 
-// One layer's whole weight update from a LyCORIS LoHa, LoKr, Tucker LoCon, full or DoRA module, or a peft DoRA: not
+// One layer's whole weight update from a LyCORIS LoHa, LoKr, Tucker LoCon, full, IA³, OFT, GLoRA, norm or DoRA
+// module, or a peft DoRA: not
 // a low-rank product (or, for DoRA, not even linear in the weight), so it is merged into the weight (as A1111 applies
 // every LoRA) rather than attached as an adapter.
 struct WeightUpdate {
@@ -53,6 +54,8 @@ struct WeightUpdate {
   // peft's DoRA: one norm per output row that W + scale·delta is rescaled to when applied, so the update is not a
   // multiple of delta (apply_weight_updates); undefined for the rest.
   at::Tensor magnitude;
+  // LyCORIS' norm module: delta and bias_delta add to a GroupNorm's or LayerNorm's weight and bias.
+  bool norm_layer = false;
 };
 
 // What a LoRA file holds: low-rank adapters (LoRA, LoCon) and whole weight updates (the rest).
@@ -98,8 +101,8 @@ struct LoraFileSummary {
   };
   std::set<std::string> namings;  // "diffusers", "kohya"
   bool sdxl = false;              // kohya's names of SDXL's two text encoders (te1, te2): not for SD-1.x/2.x
-  // "LoRA" (linear or 1x1 conv), "LoCon" (kxk conv), "LoHa", "LoKr", "Full", "IA3", "OFT", "GLoRA", each "+DoRA" where
-  // it has a dora_scale
+  // "LoRA" (linear or 1x1 conv), "LoCon" (kxk conv), "LoHa", "LoKr", "Full", "IA3", "OFT", "GLoRA", "Norm", each
+  // "+DoRA" where it has a dora_scale
   std::map<std::string, Kind> kinds;
   int64_t unet_modules = 0, text_encoder_modules = 0;
   ComponentSummary weights;  // parameters, bytes and dtypes of the weights (alphas not counted)

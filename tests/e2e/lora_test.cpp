@@ -246,18 +246,18 @@ TEST(LoraE2E, InspectShowsALoraFilesModulesRanksAlphasAndMetadata) {
                                std::string(91, 'x') + "...\n");
 
   // IA3 (a diagonal scale of the keys) and OFT have no rank; LyCORIS modules generate does not read are shown by
-  // their parts (here a norm layer's).
-  const fs::path lycoris = dir.path() / "ia3_oft_norm.safetensors";
+  // their parts (here LyCORIS' early OFT's).
+  const fs::path lycoris = dir.path() / "ia3_oft.safetensors";
   io::save_safetensors(lycoris, {{dora + ".weight", at::zeros({32})},
                                  {dora + ".on_input", at::zeros({}, at::kBool)},
                                  {"lora_unet_mid_block_attentions_0_proj_in.oft_blocks", at::zeros({4, 8, 8})},
-                                 {"lora_unet_mid_block_attentions_0_norm.w_norm", at::zeros({64})}});
+                                 {"lora_unet_mid_block_attentions_0_proj_out.oft_diag", at::zeros({64})}});
   EXPECT_EQ(inspect(lycoris), lycoris.string() +
                                   ": LoRA file (kohya names): 3 modules (UNet 3, text encoder 0), 0.000352 M params, "
                                   "float32, 0.00 MB\n"
                                   "  IA3            1 modules  rank -  alpha none (scale 1)\n"
                                   "  OFT            1 modules  rank -  alpha none (scale 1)\n"
-                                  "  not read (w_norm)     1 modules  rank -  alpha none (scale 1)\n"
+                                  "  not read (oft_diag)     1 modules  rank -  alpha none (scale 1)\n"
                                   "  format: pt\n");
 
   // An SDXL LoRA is shown for what it is (generate refuses it: sdtrain runs SD-1.x and SD-2.x).
@@ -526,7 +526,7 @@ TEST(LoraE2E, BadInputs) {
   io::save_safetensors(dir.path() / "unknown.safetensors",
                        {{"lora_unet_mid_block_foo.lora_down.weight", at::zeros({1, 1})}});
   generate_error({"--lora=" + (dir.path() / "unknown.safetensors").string()},
-                 "has no Linear or Conv2d layer named lora_unet_mid_block_foo");
+                 "has no Linear, Conv2d or norm layer named lora_unet_mid_block_foo");
   io::TensorMap wrong = io::load_safetensors(golden);
   const std::string key = "unet.mid_block.attentions.0.transformer_blocks.0.attn1.to_q.lora.down.weight";
   wrong[key] = wrong[key].narrow(1, 0, 8).contiguous();

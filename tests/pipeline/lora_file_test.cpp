@@ -1,6 +1,6 @@
 // LoRA files (pipeline/lora_file.h): the names diffusers 0.24 and kohya write, both formats read back to the same
-// adapters, the reference file (C11) loads onto tiny-sd1, LyCORIS' LoHa, LoKr, Tucker LoCon, full, IA³, OFT, GLoRA
-// and DoRA updates as their definitions, and one clear line for every bad file.
+// adapters, the reference file (C11) loads onto tiny-sd1, LyCORIS' LoHa, LoKr, Tucker LoCon, full, IA³, OFT, GLoRA,
+// norm and DoRA updates as their definitions, and one clear line for every bad file.
 #include "pipeline/lora_file.h"
 
 #include "io/safetensors.h"
@@ -164,11 +164,11 @@ TEST(LoraFile, BadFilesAreOneLineNamingTheFileAndKey) {
                 "lora_unet_<module>.lora_down.weight, LyCORIS' .hada_w1_a (LoHa) or .lokr_w1 (LoKr), and their "
                 "text-encoder, up and alpha twins)");
   const std::string stem = "lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_q";
-  EXPECT_EQ(error_for({{stem + ".w_norm", down}, {stem + ".alpha", at::scalar_tensor(1.0)}}),
+  EXPECT_EQ(error_for({{stem + ".oft_diag", down}, {stem + ".alpha", at::scalar_tensor(1.0)}}),
             file + ": layer " + kUNetModule +
-                ": 'w_norm' is not read: sdtrain reads LoRA and LoCon (lora_down, lora_up, lora_mid), LoHa "
-                "(hada_*), LoKr (lokr_*), full (diff, diff_b), IA3 (weight, on_input), OFT (oft_blocks) and GLoRA "
-                "(a1.weight, ...) modules, with alpha and dora_scale, not LyCORIS' norm-layer modules");
+                ": 'oft_diag' is not read: sdtrain reads LoRA and LoCon (lora_down, lora_up, lora_mid), LoHa "
+                "(hada_*), LoKr (lokr_*), full (diff, diff_b), IA3 (weight, on_input), OFT (oft_blocks), GLoRA "
+                "(a1.weight, ...) and norm (w_norm, b_norm) modules, with alpha and dora_scale; not BOFT or others");
   EXPECT_EQ(error_for({{"lora_unet_oft_blocks", down}}),
             file +
                 ": unknown key 'lora_unet_oft_blocks' (expected diffusers' unet.<module>.lora.down.weight or kohya's "
@@ -208,7 +208,15 @@ TEST(LoraFile, BadFilesAreOneLineNamingTheFileAndKey) {
   EXPECT_EQ(error_for({{stem + ".lora_down.weight", down}, {stem + ".hada_w1_a", up}}),
             layer +
                 " mixes the keys of LoRA (lora_down/lora_up), LoHa (hada_*), LoKr (lokr_*), full (diff), IA3 (weight), "
-                "OFT (oft_blocks) and GLoRA (a1.weight, ...) modules");
+                "OFT (oft_blocks), GLoRA (a1.weight, ...) and norm (w_norm) modules");
+  const std::string norm = "lora_unet_down_blocks_0_resnets_0_norm1",
+                    norm_layer = file + ": layer down_blocks.0.resnets.0.norm1";
+  EXPECT_EQ(error_for({{norm + ".b_norm", at::ones({32})}}),
+            norm_layer + ": a norm module needs w_norm besides b_norm");
+  EXPECT_EQ(error_for({{norm + ".w_norm", at::ones({31})}}),
+            norm_layer + ": the Norm factors w_norm [31] do not make the layer's weight [32]");
+  EXPECT_EQ(error_for({{norm + ".w_norm", at::ones({32})}, {norm + ".b_norm", at::ones({2, 32})}}),
+            norm_layer + ": b_norm [2, 32] does not fit the layer's bias [32]");
   EXPECT_EQ(error_for({{stem + ".on_input", at::scalar_tensor(int64_t{1})}}),
             layer + ": an IA3 module needs weight besides on_input");
   EXPECT_EQ(error_for({{stem + ".weight", at::ones({31})}}),
@@ -243,7 +251,7 @@ TEST(LoraFile, BadFilesAreOneLineNamingTheFileAndKey) {
                 "not make the layer's weight [32, 32]");
   EXPECT_EQ(error_for({{"lora_unet_down_blocks_9_to_q.lora_down.weight", down}}),
             file +
-                ": 'lora_unet_down_blocks_9_to_q.lora_down.weight': the UNet has no Linear or Conv2d layer named "
+                ": 'lora_unet_down_blocks_9_to_q.lora_down.weight': the UNet has no Linear, Conv2d or norm layer named "
                 "lora_unet_down_blocks_9_to_q");
   EXPECT_EQ(error_for({{"unet." + kUNetModule + ".lora.down.weight", down}}),
             file + ": layer " + kUNetModule + " has a down weight but no up weight");
@@ -614,6 +622,43 @@ TEST(LoraFile, GLoRAMixesTheInputsAndAddsALowRankProduct) {
         c.multiplier;
     EXPECT_TRUE(at::allclose(w07 - w, update * 0.7, 1e-4, 1e-5));
   }
+}
+
+// LyCORIS' norm modules by their definition: a GroupNorm's or LayerNorm's weight += s·w_norm and bias += s·b_norm,
+// under diffusers' module names or (UNet) the original LDM ones; UNet and text encoder alike.
+TEST(LoraFile, NormModulesAddToTheNormLayersWeightAndBias) {
+  sd::test::TempDir dir;
+  at::manual_seed(8);
+  const io::TensorMap t = {
+      {"lora_unet_down_blocks_0_resnets_0_norm1.w_norm", at::randn({32})},  // GroupNorm
+      {"lora_unet_down_blocks_0_resnets_0_norm1.b_norm", at::randn({32})},
+      {"lora_unet_output_blocks_0_0_in_layers_0.w_norm", at::randn({128})},  // LDM name of up_blocks.0.resnets.0.norm1
+      {"lora_te_text_model_encoder_layers_0_layer_norm1.w_norm", at::randn({32})},  // LayerNorm, weight only
+  };
+  const fs::path path = dir.path() / "norm.safetensors";
+  io::save_safetensors(path, t);
+  StableDiffusion base = load_tiny(), scaled = load_tiny();
+  apply_lora_files(scaled, {path.string()}, {0.7}, /*fuse=*/false);
+  struct Case {
+    LoraComponent component;
+    std::string module, w_norm, b_norm;
+  };
+  for (const Case& c :
+       {Case{LoraComponent::kUNet, "down_blocks.0.resnets.0.norm1", "lora_unet_down_blocks_0_resnets_0_norm1.w_norm",
+             "lora_unet_down_blocks_0_resnets_0_norm1.b_norm"},
+        Case{LoraComponent::kUNet, "up_blocks.0.resnets.0.norm1", "lora_unet_output_blocks_0_0_in_layers_0.w_norm", ""},
+        Case{LoraComponent::kTextEncoder, "text_model.encoder.layers.0.layer_norm1",
+             "lora_te_text_model_encoder_layers_0_layer_norm1.w_norm", ""}}) {
+    SCOPED_TRACE(c.module);
+    const at::Tensor w = layer_weight(base, c.component, c.module), w07 = layer_weight(scaled, c.component, c.module);
+    EXPECT_TRUE(at::allclose(w07, w + t.at(c.w_norm) * 0.7, 1e-6, 1e-7));
+    const at::Tensor b = layer_weight(base, c.component, c.module, "bias"),
+                     b07 = layer_weight(scaled, c.component, c.module, "bias");
+    EXPECT_TRUE(c.b_norm.empty() ? at::equal(b07, b) : at::allclose(b07, b + t.at(c.b_norm) * 0.7, 1e-6, 1e-7));
+  }
+  const std::optional<LoraFileSummary> summary = summarize_lora_file(path);
+  ASSERT_TRUE(summary);
+  EXPECT_EQ(summary->kinds.at("Norm").modules, 3);
 }
 
 // peft's DoRA as diffusers saves it (lora_magnitude_vector beside the LoRA's factors, diffusers' or peft's names) by
