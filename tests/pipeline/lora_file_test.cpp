@@ -303,6 +303,20 @@ at::Tensor kron_by_elements(const at::Tensor& w1, const at::Tensor& w2) {
   return out;
 }
 
+// Layers the LyCORIS tests update, by kohya stem and module path: a UNet linear with a bias and a 3x3 conv.
+const std::string kLinearStem = "lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_out_0";  // [32, 32]
+const std::string kLinearModule = "down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_out.0";
+const std::string kConv3x3Stem = "lora_unet_down_blocks_1_resnets_0_conv1";  // [64, 32, 3, 3]
+const std::string kConv3x3Module = "down_blocks.1.resnets.0.conv1";
+
+// tiny-sd1 with the LoRA file of tensors `t`, written to `path`, merged at `scale`.
+StableDiffusion with_lora_file(const io::TensorMap& t, const fs::path& path, double scale) {
+  io::save_safetensors(path, t);
+  StableDiffusion pipe = load_tiny();
+  apply_lora_files(pipe, {path.string()}, {scale}, /*fuse=*/false);
+  return pipe;
+}
+
 // A copy of a layer's "weight" or "bias".
 at::Tensor layer_weight(StableDiffusion& pipe, LoraComponent c, const std::string& module,
                         const std::string& name = "weight") {
@@ -491,8 +505,7 @@ TEST(LoraFile, LyCorisTuckerLoConFullAndDoRAFollowTheirDefinitions) {
 TEST(LoraFile, LyCorisIA3ScalesTheWeightsRowsOrColumns) {
   sd::test::TempDir dir;
   at::manual_seed(3);
-  const std::string linear = "lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_out_0";  // [32, 32]
-  const std::string conv = "lora_unet_down_blocks_1_resnets_0_conv1";      // [64, 32, 3, 3]
+  const std::string &linear = kLinearStem, &conv = kConv3x3Stem;
   const std::string conv_out = "lora_unet_down_blocks_0_resnets_0_conv2";  // [32, 32, 3, 3]
   const io::TensorMap t = {
       {linear + ".weight", at::randn({32})},
@@ -502,16 +515,13 @@ TEST(LoraFile, LyCorisIA3ScalesTheWeightsRowsOrColumns) {
       {conv_out + ".weight", at::randn({1, 32, 1, 1})},  // no on_input: on the outputs
   };
   const fs::path path = dir.path() / "ia3.safetensors";
-  io::save_safetensors(path, t);
-  StableDiffusion base = load_tiny(), scaled = load_tiny();
-  apply_lora_files(scaled, {path.string()}, {0.7}, /*fuse=*/false);
+  StableDiffusion base = load_tiny(), scaled = with_lora_file(t, path, 0.7);
   struct Case {
     std::string module, stem;
     bool on_input;
   };
-  for (const Case& c :
-       {Case{"down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_out.0", linear, false},
-        Case{"down_blocks.1.resnets.0.conv1", conv, true}, Case{"down_blocks.0.resnets.0.conv2", conv_out, false}}) {
+  for (const Case& c : {Case{kLinearModule, linear, false}, Case{kConv3x3Module, conv, true},
+                        Case{"down_blocks.0.resnets.0.conv2", conv_out, false}}) {
     SCOPED_TRACE(c.module);
     const at::Tensor w = layer_weight(base, LoraComponent::kUNet, c.module),
                      w07 = layer_weight(scaled, LoraComponent::kUNet, c.module);
@@ -540,24 +550,19 @@ TEST(LoraFile, LyCorisIA3ScalesTheWeightsRowsOrColumns) {
 TEST(LoraFile, OftRotatesBlocksOfOutputRows) {
   sd::test::TempDir dir;
   at::manual_seed(4);
-  const std::string linear = "lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_out_0";  // [32, 32]
-  const std::string conv = "lora_unet_down_blocks_1_resnets_0_conv1";  // [64, 32, 3, 3]
+  const std::string &linear = kLinearStem, &conv = kConv3x3Stem;
   const io::TensorMap t = {
       {linear + ".oft_blocks", at::randn({4, 8, 8}) * 0.2},  // no alpha: no constraint
       {conv + ".oft_blocks", at::randn({8, 8, 8})},
       {conv + ".alpha", at::scalar_tensor(1e-2)},  // bound 0.64, far below ‖Q‖
   };
   const fs::path path = dir.path() / "oft.safetensors";
-  io::save_safetensors(path, t);
-  StableDiffusion base = load_tiny(), whole = load_tiny(), partial = load_tiny();
-  apply_lora_files(whole, {path.string()}, {1.0}, /*fuse=*/false);
-  apply_lora_files(partial, {path.string()}, {0.7}, /*fuse=*/false);
+  StableDiffusion base = load_tiny(), whole = with_lora_file(t, path, 1.0), partial = with_lora_file(t, path, 0.7);
   struct Case {
     std::string module, stem;
     double bound;  // 0: none
   };
-  for (const Case& c : {Case{"down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_out.0", linear, 0},
-                        Case{"down_blocks.1.resnets.0.conv1", conv, 1e-2 * 64}}) {
+  for (const Case& c : {Case{kLinearModule, linear, 0}, Case{kConv3x3Module, conv, 1e-2 * 64}}) {
     SCOPED_TRACE(c.module);
     const at::Tensor w = layer_weight(base, LoraComponent::kUNet, c.module).to(at::kDouble),
                      w1 = layer_weight(whole, LoraComponent::kUNet, c.module).to(at::kDouble),
@@ -590,8 +595,7 @@ TEST(LoraFile, OftRotatesBlocksOfOutputRows) {
 TEST(LoraFile, GLoRAMixesTheInputsAndAddsALowRankProduct) {
   sd::test::TempDir dir;
   at::manual_seed(6);
-  const std::string linear = "lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_out_0";  // [32, 32]
-  const std::string conv = "lora_unet_down_blocks_1_resnets_0_conv1";  // [64, 32, 3, 3]
+  const std::string &linear = kLinearStem, &conv = kConv3x3Stem;
   const io::TensorMap t = {
       {linear + ".a1.weight", at::randn({32, 4}) * 0.1}, {linear + ".a2.weight", at::randn({4, 32}) * 0.1},
       {linear + ".b1.weight", at::randn({32, 4}) * 0.1}, {linear + ".b2.weight", at::randn({4, 32}) * 0.1},
@@ -599,16 +603,12 @@ TEST(LoraFile, GLoRAMixesTheInputsAndAddsALowRankProduct) {
       {conv + ".a1.weight", at::randn({32, 2, 1, 1})},   {conv + ".a2.weight", at::randn({2, 32, 1, 1})},
       {conv + ".b1.weight", at::randn({64, 2, 1, 1})},   {conv + ".b2.weight", at::randn({2, 32, 3, 3})},
   };
-  const fs::path path = dir.path() / "glora.safetensors";
-  io::save_safetensors(path, t);
-  StableDiffusion base = load_tiny(), partial = load_tiny();
-  apply_lora_files(partial, {path.string()}, {0.7}, /*fuse=*/false);
+  StableDiffusion base = load_tiny(), partial = with_lora_file(t, dir.path() / "glora.safetensors", 0.7);
   struct Case {
     std::string module, stem;
     double multiplier;
   };
-  for (const Case& c : {Case{"down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_out.0", linear, 0.5},
-                        Case{"down_blocks.1.resnets.0.conv1", conv, 1.0}}) {
+  for (const Case& c : {Case{kLinearModule, linear, 0.5}, Case{kConv3x3Module, conv, 1.0}}) {
     SCOPED_TRACE(c.module);
     const at::Tensor w = layer_weight(base, LoraComponent::kUNet, c.module),
                      w07 = layer_weight(partial, LoraComponent::kUNet, c.module);
@@ -636,9 +636,7 @@ TEST(LoraFile, NormModulesAddToTheNormLayersWeightAndBias) {
       {"lora_te_text_model_encoder_layers_0_layer_norm1.w_norm", at::randn({32})},  // LayerNorm, weight only
   };
   const fs::path path = dir.path() / "norm.safetensors";
-  io::save_safetensors(path, t);
-  StableDiffusion base = load_tiny(), scaled = load_tiny();
-  apply_lora_files(scaled, {path.string()}, {0.7}, /*fuse=*/false);
+  StableDiffusion base = load_tiny(), scaled = with_lora_file(t, path, 0.7);
   struct Case {
     LoraComponent component;
     std::string module, w_norm, b_norm;
