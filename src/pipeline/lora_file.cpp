@@ -53,17 +53,8 @@ std::vector<std::string> norm_layer_paths(StableDiffusion& pipe, LoraComponent c
   return paths;
 }
 
-// A norm layer's "weight" or "bias" parameter (a handle to it); throws sd::Error naming `source` unless the component
-// has it.
-at::Tensor norm_parameter(StableDiffusion& pipe, LoraComponent c, const std::string& module, const std::string& name,
-                          const std::string& source) {
-  const auto parameters = model_of(pipe, c).named_parameters();
-  const at::Tensor* parameter = parameters.find(module + "." + name);
-  SD_CHECK(parameter, "{}: {} has no norm layer '{}' with a {}", source, component_label(c), module, name);
-  return *parameter;
-}
-
-// The pipeline's adaptable layers by component and module path, gathered once per component on first use.
+// The pipeline's adaptable layers by component and module path, and its parameters by name, each gathered once per
+// component on first use.
 class PipelineLayers {
  public:
   explicit PipelineLayers(StableDiffusion& pipe) : pipe_(pipe) {}
@@ -76,9 +67,20 @@ class PipelineLayers {
     return *it->second;
   }
 
+  // A norm layer's "weight" or "bias" (a handle to the parameter); throws sd::Error naming `source` unless the
+  // component has it.
+  at::Tensor norm_parameter(LoraComponent c, const std::string& module, const std::string& name,
+                            const std::string& source) {
+    if (!parameters_.count(c)) parameters_.emplace(c, model_of(pipe_, c).named_parameters());
+    const at::Tensor* parameter = parameters_.at(c).find(module + "." + name);
+    SD_CHECK(parameter, "{}: {} has no norm layer '{}' with a {}", source, component_label(c), module, name);
+    return *parameter;
+  }
+
  private:
   StableDiffusion& pipe_;
   std::map<LoraComponent, std::map<std::string, models::LoraHost*>> hosts_;
+  std::map<LoraComponent, torch::OrderedDict<std::string, at::Tensor>> parameters_;
 };
 
 // Where one key of a file goes. `part` is "down", "up", "mid" or "alpha" for a LoRA, else LyCORIS' own name
@@ -589,7 +591,7 @@ LoraFileContents load_lora_file(const fs::path& given, StableDiffusion& pipe) {
       continue;
     }
     if (kind == ModuleKind::kNorm) {
-      const at::Tensor weight = norm_parameter(pipe, where.first, where.second, "weight", name).detach();
+      const at::Tensor weight = layers.norm_parameter(where.first, where.second, "weight", name).detach();
       const auto bias = parts.find("b_norm");
       SD_CHECK(bias == parts.end() || bias->second.numel() == weight.numel(),
                "{}: b_norm [{}] does not fit the layer's bias [{}]", layer, fmt::join(bias->second.sizes(), ", "),
@@ -688,11 +690,11 @@ void attach_lora(StableDiffusion& pipe, const LoraWeights& weights, double scale
 namespace {
 
 // LyCORIS' norm module merged as LyCORIS and A1111 merge it: weight += scale · w_norm, bias += scale · b_norm.
-void add_to_norm_layer(StableDiffusion& pipe, const WeightUpdate& u, double scale, const std::string& source) {
-  at::Tensor weight = norm_parameter(pipe, u.component, u.module, "weight", source);
+void add_to_norm_layer(PipelineLayers& layers, const WeightUpdate& u, double scale, const std::string& source) {
+  at::Tensor weight = layers.norm_parameter(u.component, u.module, "weight", source);
   models::add_in_float32(weight, u.delta, scale);
   if (!u.bias_delta.defined()) return;
-  at::Tensor bias = norm_parameter(pipe, u.component, u.module, "bias", source);
+  at::Tensor bias = layers.norm_parameter(u.component, u.module, "bias", source);
   models::add_in_float32(bias, u.bias_delta, scale);
 }
 
@@ -703,7 +705,7 @@ void apply_weight_updates(StableDiffusion& pipe, const std::vector<WeightUpdate>
   PipelineLayers layers(pipe);
   for (const WeightUpdate& u : updates) {
     if (u.norm_layer) {
-      add_to_norm_layer(pipe, u, scale, source);
+      add_to_norm_layer(layers, u, scale, source);
       continue;
     }
     models::LoraHost& layer = layers.at(u.component, u.module, source);

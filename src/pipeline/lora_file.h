@@ -43,9 +43,8 @@ struct LoraModule {
 using LoraWeights = std::vector<LoraModule>;
 
 // One layer's whole weight update from a LyCORIS LoHa, LoKr, Tucker LoCon, full, IA³, OFT, GLoRA, norm or DoRA
-// module, or a peft DoRA: not
-// a low-rank product (or, for DoRA, not even linear in the weight), so it is merged into the weight (as A1111 applies
-// every LoRA) rather than attached as an adapter.
+// module, or a peft DoRA: not a low-rank product (or, for DoRA, not even linear in the weight), so it is merged into
+// the weight (as A1111 applies every LoRA) rather than attached as an adapter.
 struct WeightUpdate {
   LoraComponent component = LoraComponent::kUNet;
   std::string module;
