@@ -1,16 +1,16 @@
-// The GEMMs of the SD-1.5 UNet's transformer blocks at one resolution, as training runs them: forward (x W^T), input
-// gradient (dY W) and weight gradient (dY^T x), each against the square GEMM that `sdtrain benchmark` takes as the
-// machine's peak; and the 1280-channel 3x3 convolutions of the two lowest levels as models/conv2d.cpp's GEMM runs
-// them (forward W·columns + bias, input gradient Wᵀ·dY, weight gradient dY·columnsᵀ). Tells whether the step's
-// products lose to their shapes or to the rest of the step. In bf16 on a CPU that runs it in oneDNN, also the frozen
-// layers' products (core/onednn_matmul.h: the weight packed once, a kept primitive). For a linear layer also its
-// forward as the model runs it (models/linear.h, which may take another form of the product: layer_forward_gflops).
-// One JSON object per shape.
+// The GEMMs of the SD-1.5 (or tiny-sd1) UNet's transformer blocks at one resolution, as training runs them: forward
+// (x W^T), input gradient (dY W) and weight gradient (dY^T x), each against the square GEMM that `sdtrain benchmark`
+// takes as the machine's peak; and SD-1.5's 1280-channel 3x3 convolutions of the two lowest levels as
+// models/conv2d.cpp's GEMM runs them (forward W·columns + bias, input gradient Wᵀ·dY, weight gradient dY·columnsᵀ).
+// Tells whether the step's products lose to their shapes or to the rest of the step. In bf16 on a CPU that runs it in
+// oneDNN, also the frozen layers' products (core/onednn_matmul.h: the weight packed once, a kept primitive). For a
+// linear layer also its forward as the model runs it (models/linear.h, which may take another form of the product:
+// layer_forward_gflops). One JSON object per shape.
 //
 // --cold evicts the caches before every timed product (by writing a buffer of 4x the last-level cache), as in a
 // training step, where each weight is read once per pass and the model's weights are far larger than the cache;
 // without it the weights stay cached from one repeat to the next.
-//   bench_gemm [--resolution 256] [--threads 2] [--dtype float32|bf16] [--cold]
+//   bench_gemm [--model sd15|tiny] [--resolution 256] [--threads 2] [--dtype float32|bf16] [--cold]
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -30,20 +30,23 @@ struct Shape {
   bool conv = false;
 };
 
-// Per attention level of SD-1.5 (channels 320, 640, 1280 at latent/1, /2, /4): q, k, v and out projections, GEGLU's
-// input projection (to 2 x 4C) and the feed-forward output; and the cross-attention keys and values from CLIP's
-// 77 x 768 context.
-std::vector<Shape> transformer_shapes(int64_t resolution) {
+// Per attention level (SD-1.5: 320, 640 and 1280 channels at latent/1, /2, /4; tiny-sd1: 32 and 64 at latent/1
+// and /2, its VAE halving twice where SD's halves three times): q, k, v and out projections, GEGLU's input projection
+// (to 2 x 4C) and the feed-forward output; and the cross-attention keys and values from CLIP's 77 tokens.
+std::vector<Shape> transformer_shapes(const std::string& model, int64_t resolution) {
+  const bool tiny = model == "tiny";
+  const int64_t latent = resolution / (tiny ? 4 : 8), context = tiny ? 32 : 768;
+  const std::vector<int64_t> channels = tiny ? std::vector<int64_t>{32, 64} : std::vector<int64_t>{320, 640, 1280};
   std::vector<Shape> shapes;
-  const int64_t latent = resolution / 8;
-  for (int level = 0; level < 3; ++level) {
-    const int64_t c = 320 << level, side = latent >> level, tokens = side * side;
+  for (size_t level = 0; level < channels.size(); ++level) {
+    const int64_t c = channels[level], side = latent >> level, tokens = side * side;
     const std::string at = " at " + std::to_string(side) + "x" + std::to_string(side);
     shapes.push_back({"to_q/k/v/out" + at, tokens, c, c});
     shapes.push_back({"ff.proj" + at, tokens, c, 8 * c});
     shapes.push_back({"ff.out" + at, tokens, 4 * c, c});
-    shapes.push_back({"context to_k/v" + at, 77, 768, c});
+    shapes.push_back({"context to_k/v" + at, 77, context, c});
   }
+  if (tiny) return shapes;
   // The 3x3 convolutions of 1280 channels at the two lowest levels: Cin·9 = 11520 inputs per pixel.
   for (const int64_t side : {latent / 4, latent / 8})
     shapes.push_back(
@@ -100,13 +103,14 @@ int main(int argc, char** argv) {
   int64_t resolution = 256;
   int threads = 2;
   bool cold = false;
-  std::string dtype_name = "float32";
+  std::string dtype_name = "float32", model = "sd15";
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--cold")) cold = true;
     if (i + 1 == argc) break;
     if (!std::strcmp(argv[i], "--resolution")) resolution = std::atoll(argv[i + 1]);
     if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--dtype")) dtype_name = argv[i + 1];
+    if (!std::strcmp(argv[i], "--model")) model = argv[i + 1];
   }
   sd::set_compute_threads(threads);
   const at::ScalarType dtype = sd::bench::dtype_from_name(dtype_name);
@@ -116,11 +120,12 @@ int main(int argc, char** argv) {
   auto gflops_of = [&](const std::function<void()>& product, double flops) {
     return flops / sd::bench::time_it(product, 3, 9, before_each).median_s / 1e9;
   };
-  for (const Shape& s : transformer_shapes(resolution)) {
+  for (const Shape& s : transformer_shapes(model, resolution)) {
     const auto options = at::TensorOptions().dtype(dtype);
     const Products p = s.conv ? conv_products(s, options) : linear_products(s, options);
     const double flops = 2.0 * static_cast<double>(s.rows * s.in * s.out);
-    nlohmann::json line = {{"layer", s.layer},
+    nlohmann::json line = {{"model", model},
+                           {"layer", s.layer},
                            {"rows", s.rows},
                            {"in", s.in},
                            {"out", s.out},

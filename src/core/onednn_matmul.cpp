@@ -3,6 +3,7 @@
 #include <ATen/record_function.h>
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include <algorithm>
 #include <array>
 #include <map>
 #include <optional>
@@ -11,6 +12,7 @@
 
 #include "core/cpu_features.h"
 #include "core/error.h"
+#include "core/parallel.h"
 
 namespace sd {
 
@@ -71,19 +73,38 @@ struct MatmulKey {
 struct Matmul {
   memory::desc a, b, bias, c;
   dnnl::matmul primitive;
+  bool one_thread;  // run on the calling thread alone (kMostOneThreadProduct)
 };
+
+// Products of at most 2^21 multiply-adds and no dimension under 16, a few µs of arithmetic (most of tiny-sd1's), run
+// on the calling thread alone: handing half of one to a second thread costs more than the half. bench_gemm --model
+// tiny, 2 threads: the kept primitives of [256, 32] x [32, 32] 72-76 -> 188-192 GFLOP/s, [77, 32] x [32, 32] 18-24
+// -> 81-85; from 2^22 (e.g. [1024, 64] x [64, 64], 17 µs against 21) two threads are ahead (docs/benchmarks.md,
+// fortieth sitting). Thinner products keep every thread: SD-1.5's time embedding projections, [1, 1280] x [1280,
+// 1280] and their weight gradients, stream megabytes of weights rather than compute, and its training step read no
+// faster with them on one thread. oneDNN fixes a primitive's thread count when it builds it, so it is built in the
+// same scope.
+constexpr int64_t kMostOneThreadProduct = int64_t{1} << 21, kLeastOneThreadDimension = 16;
+
+bool runs_on_one_thread(const MatmulKey& key) {
+  return key.m * key.n * key.k <= kMostOneThreadProduct && std::min({key.m, key.n, key.k}) >= kLeastOneThreadDimension;
+}
 
 const Matmul& matmul_for(const MatmulKey& key) {
   thread_local std::map<MatmulKey, Matmul> matmuls;
   auto it = matmuls.find(key);
   if (it != matmuls.end()) return it->second;
+  const bool one_thread = runs_on_one_thread(key);
+  std::optional<OneThreadScope> one_thread_scope;
+  if (one_thread) one_thread_scope.emplace();
   const auto bf16 = memory::data_type::bf16;
   Matmul mm{memory::desc({key.m, key.k}, bf16, {key.a0, key.a1}),
             key.packed_b ? memory::desc({key.k, key.n}, bf16, memory::format_tag::any)
                          : memory::desc({key.k, key.n}, bf16, {key.b0, key.b1}),
             key.bias ? memory::desc({1, key.n}, bf16, {key.n, 1}) : memory::desc(),
             memory::desc({key.m, key.n}, key.float_output ? memory::data_type::f32 : bf16, {key.ldc, 1}),
-            {}};
+            {},
+            one_thread};
   dnnl::primitive_attr attr;
   if (key.alpha != 1.f) attr.set_output_scales(0, {key.alpha});  // unset, the product is at::mm's to the bit
   if (key.accumulate) {
@@ -98,6 +119,8 @@ const Matmul& matmul_for(const MatmulKey& key) {
 }
 
 void run(const Matmul& mm, const void* a, const void* b, const void* bias, void* c) {
+  std::optional<OneThreadScope> one_thread_scope;
+  if (mm.one_thread) one_thread_scope.emplace();
   const auto wrap = [](const memory::desc& md, const void* data) {
     return memory(md, cpu_engine(), const_cast<void*>(data));  // oneDNN's memory takes a mutable pointer
   };

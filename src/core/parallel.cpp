@@ -2,6 +2,9 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 // The fuzz build compiles this without OpenMP on purpose (clang's runtime must not meet LibTorch's libgomp); every
 // other build must have it, or the loop runs on one thread.
@@ -19,5 +22,13 @@ void parallel_for(int64_t begin, int64_t end, int64_t grain, const std::function
     fn(chunk_begin, chunk_end);
   });
 }
+
+#ifdef _OPENMP
+OneThreadScope::OneThreadScope() : threads_(omp_get_max_threads()) { omp_set_num_threads(1); }
+OneThreadScope::~OneThreadScope() { omp_set_num_threads(threads_); }
+#else
+OneThreadScope::OneThreadScope() : threads_(1) {}
+OneThreadScope::~OneThreadScope() = default;
+#endif
 
 }  // namespace sd

@@ -57,5 +57,21 @@ TEST(ParallelFor, EveryThreadRunsInTheCallersGradMode) {
   }
 }
 
+TEST(OneThreadScope, RunsLoopsOnTheCallingThreadAloneAndRestoresTheCount) {
+  ThreadCount two(2);
+  {
+    OneThreadScope one;
+    EXPECT_EQ(at::get_num_threads(), 1);
+    std::set<int> threads;
+    std::mutex mutex;
+    parallel_for(0, 1000, 1, [&](int64_t, int64_t) {
+      std::lock_guard<std::mutex> lock(mutex);
+      threads.insert(at::get_thread_num());
+    });
+    EXPECT_EQ(threads, (std::set<int>{0}));
+  }
+  EXPECT_EQ(at::get_num_threads(), 2);
+}
+
 }  // namespace
 }  // namespace sd
