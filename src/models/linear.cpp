@@ -19,26 +19,45 @@ enum class Forward : int64_t {
 };
 
 // The gradients are those of at::linear's addmm: dx = dy·W, dW = dyᵀ·x, db = Σ_rows dy, each computed only when
-// its input takes a gradient (a frozen layer under textual inversion computes dx alone).
+// its input takes a gradient (a frozen layer under textual inversion computes dx alone). The node takes x with its
+// leading dimensions and flattens them to rows inside: flattening outside recorded two view nodes per layer (a
+// reshape and a view back), ~270 of tiny-sd1's ~9,800 ops a textual-inversion step.
 struct LinearRows : torch::autograd::Function<LinearRows> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& rows, const at::Tensor& weight,
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const c10::optional<at::Tensor>& bias, int64_t how) {
+    const at::Tensor rows = as_rows(x);  // a view, unless x's layout needs a copy
     ctx->save_for_backward({rows, weight});
     ctx->saved_data["has_bias"] = bias.has_value();
-    if (static_cast<Forward>(how) == Forward::kOnednn) return onednn_linear(rows, weight, bias.value_or(at::Tensor()));
-    const at::Tensor transposed =
-        bias.has_value() ? at::addmm(bias->unsqueeze(1), weight, rows.t()) : at::mm(weight, rows.t());
-    return transposed.t().contiguous();
+    ctx->saved_data["x_sizes"] = x.sizes();
+    return rows_product(rows, weight, bias, static_cast<Forward>(how)).view(with_last(x.sizes(), weight.size(0)));
   }
 
   static variable_list backward(AutogradContext* ctx, const variable_list& grads) {
     const variable_list saved = ctx->get_saved_variables();
-    const at::Tensor &rows = saved[0], &weight = saved[1], &dy = grads[0];
+    const at::Tensor &rows = saved[0], &weight = saved[1];
+    const at::Tensor dy = as_rows(grads[0]);
     at::Tensor dx, dw, db;
-    if (ctx->needs_input_grad(0)) dx = sd::mm(dy, weight);
+    if (ctx->needs_input_grad(0)) dx = sd::mm(dy, weight).view(ctx->saved_data["x_sizes"].toIntVector());
     if (ctx->needs_input_grad(1)) dw = sd::mm(dy.t(), rows);
     if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) db = dy.sum(0);
     return {dx, dw, db, at::Tensor()};
+  }
+
+ private:
+  static at::Tensor as_rows(const at::Tensor& t) { return t.dim() == 2 ? t : t.reshape({-1, t.size(-1)}); }
+
+  static std::vector<int64_t> with_last(at::IntArrayRef sizes, int64_t last) {
+    std::vector<int64_t> out = sizes.vec();
+    out.back() = last;
+    return out;
+  }
+
+  static at::Tensor rows_product(const at::Tensor& rows, const at::Tensor& weight,
+                                 const c10::optional<at::Tensor>& bias, Forward how) {
+    if (how == Forward::kOnednn) return onednn_linear(rows, weight, bias.value_or(at::Tensor()));
+    const at::Tensor transposed =
+        bias.has_value() ? at::addmm(bias->unsqueeze(1), weight, rows.t()) : at::mm(weight, rows.t());
+    return transposed.t().contiguous();
   }
 };
 
@@ -68,7 +87,8 @@ bool transposed_product_is_faster(const at::Tensor& x, const at::Tensor& weight,
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   if (weight.dim() != 2 || !bias_added_in_the_product(x, bias) || (bias.defined() && bias.numel() != weight.size(0)))
     return at::linear(x, weight, bias);
-  const at::Tensor rows = x.dim() == 2 ? x : x.reshape({-1, x.size(-1)});  // a view, unless x's layout needs a copy
+  // Judged on x as the node will flatten it, through a view that records no autograd history.
+  const at::Tensor rows = x.dim() == 2 ? x : x.detach().reshape({-1, x.size(-1)});
   Forward how;
   if (onednn_linear_fits(rows, weight) && (!bias.defined() || bias.scalar_type() == at::kBFloat16))
     how = Forward::kOnednn;
@@ -76,10 +96,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
     how = Forward::kWeightTimesRowsThenT;
   else
     return at::linear(x, weight, bias);
-  std::vector<int64_t> sizes = x.sizes().vec();
-  sizes.back() = weight.size(0);
   const auto optional_bias = bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt;
-  return LinearRows::apply(rows, weight, optional_bias, static_cast<int64_t>(how)).view(sizes);
+  return LinearRows::apply(x, weight, optional_bias, static_cast<int64_t>(how));
 }
 
 }  // namespace sd::models
