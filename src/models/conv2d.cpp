@@ -33,21 +33,47 @@ at::Tensor affine(const at::Tensor& w, const at::Tensor& x, const at::Tensor& bi
   return bias.defined() ? at::addmm(bias.unsqueeze(1), w, x) : at::mm(w, x);
 }
 
-// affine() with w and bias frozen: the backward computes only x's gradient, through the layer's FrozenWeight. Being
-// outside autograd, the forward product runs in a kept oneDNN primitive. (Computed as its transpose, (xᵀ·wᵀ + bias)ᵀ,
-// where oneDNN adds the bias itself, it ran 20-40% slower on SD-1.5's 4x4 and 8x8 maps and rounded differently there.)
+// [N, Cin·kh·kw, H'·W'] patch columns (or, for a 1x1 convolution, the input maps themselves) as one matrix
+// [Cin·kh·kw, N·H'·W']: a copy only if N > 1.
+at::Tensor columns_as_matrix(const at::Tensor& columns) {
+  const at::Tensor per_sample = columns.flatten(2);
+  return per_sample.transpose(0, 1).reshape({per_sample.size(1), per_sample.size(0) * per_sample.size(2)});
+}
+
+// The GEMM's [Cout, N·H'·W'] as the layer's output maps [N, Cout, H', W'].
+at::Tensor as_maps(const at::Tensor& product, int64_t n, int64_t oh, int64_t ow) {
+  return product.view({product.size(0), n, oh, ow}).transpose(0, 1).contiguous();
+}
+
+// The convolution of patch columns (as columns_as_matrix takes them) by a frozen weight w [Cout, Cin·kh·kw] and bias:
+// the backward computes only the columns' gradient, through the layer's FrozenWeight. Being outside autograd, the
+// forward product runs in a kept oneDNN primitive. (Computed as its transpose, (xᵀ·wᵀ + bias)ᵀ, where oneDNN adds the
+// bias itself, it ran 20-40% slower on SD-1.5's 4x4 and 8x8 maps and rounded differently there.) The node reshapes
+// between columns, matrix and maps itself: done outside, they recorded five autograd nodes per layer, ~290 of tiny-
+// sd1's ~9,700 ops a textual-inversion step.
 struct FrozenGemm : torch::autograd::Function<FrozenGemm> {
   // (An undefined tensor cannot be a Function's input, so a layer without bias passes none.)
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
-                            const c10::optional<at::Tensor>& bias, const c10::intrusive_ptr<FrozenWeight>& frozen) {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& columns, const at::Tensor& w,
+                            const c10::optional<at::Tensor>& bias, const c10::intrusive_ptr<FrozenWeight>& frozen,
+                            int64_t oh, int64_t ow) {
     ctx->saved_data["w"] = w;
     ctx->saved_data["frozen"] = c10::IValue::make_capsule(frozen);
-    return affine(w, x, bias.value_or(at::Tensor()));
+    ctx->saved_data["columns_sizes"] = columns.sizes();
+    return as_maps(affine(w, columns_as_matrix(columns), bias.value_or(at::Tensor())), columns.size(0), oh, ow);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  const torch::autograd::variable_list& grads) {
     const auto frozen = c10::static_intrusive_pointer_cast<FrozenWeight>(ctx->saved_data["frozen"].toCapsule());
-    return {frozen->input_gradient(ctx->saved_data["w"].toTensor(), grads[0]), at::Tensor(), at::Tensor(),
+    const at::Tensor& dy = grads[0];  // [N, Cout, H', W']
+    const int64_t n = dy.size(0), cout = dy.size(1);
+    const at::Tensor d_matrix =
+        frozen->input_gradient(ctx->saved_data["w"].toTensor(), dy.transpose(0, 1).reshape({cout, -1}));
+    const at::Tensor d_columns = d_matrix.reshape({d_matrix.size(0), n, -1}).transpose(0, 1);
+    return {d_columns.reshape(ctx->saved_data["columns_sizes"].toIntVector()),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor(),
             at::Tensor()};
   }
 };
@@ -106,19 +132,15 @@ at::Tensor conv2d_as_gemm(const at::Tensor& x, const at::Tensor& weight, const a
   const int64_t oh = output_size(x.size(2), kh, stride[0], padding[0]),
                 ow = output_size(x.size(3), kw, stride[1], padding[1]);
   const bool pointwise = kh == 1 && kw == 1 && stride[0] == 1 && stride[1] == 1 && padding[0] == 0 && padding[1] == 0;
-  const at::Tensor columns =  // [N, Cin·kh·kw, H'·W']
-      pointwise ? x.flatten(2) : unfold_patches(x, {kh, kw}, padding, stride);
-  const at::Tensor flat = columns.transpose(0, 1).reshape({columns.size(1), n * oh * ow});  // a copy only if N > 1
+  const at::Tensor columns =  // [N, Cin·kh·kw, H'·W'], or the maps themselves
+      pointwise ? x : unfold_patches(x, {kh, kw}, padding, stride);
   const at::Tensor w = weight.reshape({cout, -1});
   const c10::optional<at::Tensor> maybe_bias = bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt;
-  at::Tensor out;  // [Cout, N·H'·W']
-  if (frozen)
-    out = FrozenGemm::apply(flat, w, maybe_bias, frozen);
-  else if (x.scalar_type() == at::kFloat && oh * ow <= kMostPixelsTransposedInputGradient)
-    out = TransposedInputGradientGemm::apply(flat, w, maybe_bias);
-  else
-    out = affine(w, flat, bias);
-  return out.view({cout, n, oh, ow}).transpose(0, 1).contiguous();
+  if (frozen) return FrozenGemm::apply(columns, w, maybe_bias, frozen, oh, ow);
+  const at::Tensor flat = columns_as_matrix(columns);
+  if (x.scalar_type() == at::kFloat && oh * ow <= kMostPixelsTransposedInputGradient)
+    return as_maps(TransposedInputGradientGemm::apply(flat, w, maybe_bias), n, oh, ow);
+  return as_maps(affine(w, flat, bias), n, oh, ow);
 }
 
 bool conv2d_runs_as_gemm(const at::Tensor& x, const at::Tensor& weight, at::IntArrayRef stride,

@@ -122,26 +122,28 @@ TEST(Conv2d, SmallMapsTakeTheGemmPathAndEverythingElseLibTorchs) {
 
 // Training through a frozen layer (textual inversion, LoRA): the input gradient comes from the weight's kept
 // transpose, equal to LibTorch's; the transpose is remade when the weight changes and never made for a trained one.
+// 3x3 layers take patch columns, 1x1 layers their input maps as they are.
 TEST(Conv2d, FrozenLayerTakesTheInputGradientFromItsKeptTranspose) {
-  for (const auto& [dtype, with_bias] : std::vector<std::pair<at::ScalarType, bool>>{
-           {at::kFloat, true}, {at::kBFloat16, true}, {at::kBFloat16, false}}) {
-    SCOPED_TRACE(fmt::format("{} bias {}", c10::toString(dtype), with_bias));
-    Conv2d conv(torch::nn::Conv2dOptions(6, 5, 3).padding(1).bias(with_bias));
+  for (const auto& [dtype, with_bias, kernel] : std::vector<std::tuple<at::ScalarType, bool, int64_t>>{
+           {at::kFloat, true, 3}, {at::kBFloat16, true, 3}, {at::kBFloat16, false, 3}, {at::kBFloat16, true, 1}}) {
+    SCOPED_TRACE(fmt::format("{} bias {} kernel {}", c10::toString(dtype), with_bias, kernel));
+    const int64_t padding = kernel / 2;
+    Conv2d conv(torch::nn::Conv2dOptions(6, 5, kernel).padding(padding).bias(with_bias));
     conv->to(dtype);
     for (auto& p : conv->parameters()) p.set_requires_grad(false);
     const at::Tensor x0 = at::randn({2, 6, 4, 4}).to(dtype), grad = at::randn({2, 5, 4, 4}).to(dtype);
     const double tol = dtype == at::kFloat ? 1e-5 : 2e-2;  // bf16: products rounded, sums in another order
-    ASSERT_TRUE(conv2d_runs_as_gemm(x0, conv->weight, {1, 1}, {1, 1}));
+    ASSERT_TRUE(conv2d_runs_as_gemm(x0, conv->weight, {1, 1}, {padding, padding}));
     auto input_gradient = [&] {
       const at::Tensor x = x0.detach().requires_grad_(true);
       const at::Tensor out = conv->forward(x);
-      EXPECT_TRUE(sd::test::close_rel_max(out, at::conv2d(x0, conv->weight, conv->bias, 1, 1), tol));
+      EXPECT_TRUE(sd::test::close_rel_max(out, at::conv2d(x0, conv->weight, conv->bias, 1, padding), tol));
       out.backward(grad);
       return x.grad();
     };
     auto reference_gradient = [&] {
       const at::Tensor x = x0.detach().requires_grad_(true);
-      at::conv2d(x, conv->weight, conv->bias, 1, 1).backward(grad);
+      at::conv2d(x, conv->weight, conv->bias, 1, padding).backward(grad);
       return x.grad();
     };
     EXPECT_EQ(conv->frozen_weight_bytes(), 0);
@@ -155,7 +157,7 @@ TEST(Conv2d, FrozenLayerTakesTheInputGradientFromItsKeptTranspose) {
     conv->weight.set_data(at::randn_like(conv->weight));  // e.g. weights loaded anew
     EXPECT_TRUE(sd::test::close_rel_max(input_gradient(), reference_gradient(), tol));
 
-    Conv2d trained(torch::nn::Conv2dOptions(6, 5, 3).padding(1).bias(with_bias));
+    Conv2d trained(torch::nn::Conv2dOptions(6, 5, kernel).padding(padding).bias(with_bias));
     trained->to(dtype);
     trained->forward(x0.detach().requires_grad_(true)).sum().backward();
     EXPECT_EQ(trained->frozen_weight_bytes(), 0);
