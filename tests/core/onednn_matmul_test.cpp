@@ -47,7 +47,9 @@ TEST_P(OnednnMatmulTest, MatchesAtenBitForBit) {
     const at::Tensor column_bias = at::randn({c.m}).to(at::kBFloat16);
     const at::Tensor got_column = onednn_addmm(column_bias, a, b);
     EXPECT_TRUE(got_column.is_contiguous());
-    if (c.n > 1) EXPECT_TRUE(at::equal(got_column, at::addmm(column_bias.unsqueeze(1), a, b)));
+    if (c.n > 1) {
+      EXPECT_TRUE(at::equal(got_column, at::addmm(column_bias.unsqueeze(1), a, b)));
+    }
   }
 }
 

@@ -27,9 +27,9 @@ TEST(ImageFolderDataset, TheRunsOwnOutputFolderIsNotListed) {
   write_captioned_png(data / "sub" / "b.png", "a dog");
   io::save_png(out / "validation" / "step-5-0.png", io::RgbImage{4, 4, std::vector<uint8_t>(4 * 4 * 3, 0)});
 
-  EXPECT_EQ(ImageFolderDataset({data, "image", "text", out}).size(), 2);
-  EXPECT_EQ(ImageFolderDataset({data, "image", "text", data / "sub" / ".." / "out"}).size(), 2);
-  EXPECT_EQ(ImageFolderDataset({data, "image", "text", {}}).size(), 3);
+  EXPECT_EQ(ImageFolderDataset({data, "image", "text", out, {}}).size(), 2);
+  EXPECT_EQ(ImageFolderDataset({data, "image", "text", data / "sub" / ".." / "out", {}}).size(), 2);
+  EXPECT_EQ(ImageFolderDataset({data, "image", "text", {}, {}}).size(), 3);
 }
 
 // Ranks compare the fingerprint: the same copy at another mount point agrees; another caption or image does not.
@@ -40,7 +40,7 @@ TEST(ImageFolderDataset, FingerprintIsTheImagesNamesAndSizesAndTheCaptions) {
     write_captioned_png(copy / "b.png", "a dog");
   }
   auto fingerprint = [&](const fs::path& data) {
-    return ImageFolderDataset({data, "image", "text", {}}).fingerprint();
+    return ImageFolderDataset({data, "image", "text", {}, {}}).fingerprint();
   };
   const std::string node0 = fingerprint(dir.path() / "node0");
   EXPECT_EQ(fingerprint(dir.path() / "node1"), node0);
@@ -71,7 +71,7 @@ TEST(ImageFolderDataset, KohyaRepeatFoldersRepeatAndCaptionTheirImages) {
   write_captioned_png(data / "2_x" / "deep" / "e.png", "twice");
   write_captioned_png(data / "5_not_a_folder.png", "an image at the top, once");
   // Spelled with a trailing slash, as shell completion writes it.
-  const ImageFolderDataset dataset({data.string() + "/", "image", "text", {}});
+  const ImageFolderDataset dataset({data.string() + "/", "image", "text", {}, {}});
   EXPECT_EQ(dataset.layout(), "kohya");
   EXPECT_EQ(captions_by_image(dataset),
             (std::vector<std::string>{"e.png: twice", "e.png: twice", "a.png: a photo of sks dog",
@@ -147,19 +147,19 @@ TEST(ImageFolderDataset, MetadataCsvNamesImagesAndCaptions) {
   write_captioned_png(data / "a.png", "ignored");
   write_captioned_png(data / "sub" / "b.png", "ignored");
   std::ofstream(data / "metadata.csv") << "file_name,text,score\na.png,\"a cat, sitting\",1\nsub/b.png,a dog,2\n";
-  EXPECT_EQ(captions_by_image(ImageFolderDataset({data, "image", "text", {}})),
+  EXPECT_EQ(captions_by_image(ImageFolderDataset({data, "image", "text", {}, {}})),
             (std::vector<std::string>{"a.png: a cat, sitting", "b.png: a dog"}));
-  EXPECT_EQ(captions_by_image(ImageFolderDataset({data, "image", "score", {}})),
+  EXPECT_EQ(captions_by_image(ImageFolderDataset({data, "image", "score", {}, {}})),
             (std::vector<std::string>{"a.png: 1", "b.png: 2"}));
 
   std::ofstream(data / "metadata.csv") << "file_name,text\na.png,x,y\n";
   EXPECT_EQ(sd::test::error_of([&] {
-              ImageFolderDataset({data, "image", "text", {}});
+              ImageFolderDataset({data, "image", "text", {}, {}});
             }),
             (data / "metadata.csv").string() + " line 2: 3 values, but the header names 2 columns");
   std::ofstream(data / "metadata.jsonl") << "{\"file_name\": \"a.png\", \"text\": \"x\"}\n";
   EXPECT_EQ(sd::test::error_of([&] {
-              ImageFolderDataset({data, "image", "text", {}});
+              ImageFolderDataset({data, "image", "text", {}, {}});
             }),
             data.string() + ": holds both metadata.jsonl and metadata.csv; keep one");
 }

@@ -53,8 +53,10 @@ class LoraTrainingTask : public UNetTrainingTask {
   // A checkpoint's adapters under diffusers' names: its pytorch_lora_weights.safetensors loads in diffusers (exactly
   // the exported file when alpha = rank).
   WholeTensorFiles checkpoint_files() const override {
-    return {"pytorch_lora_weights.safetensors", "{}", "pytorch_lora_weights_ema.safetensors", "{}",
-            "optimizer.safetensors"};
+    WholeTensorFiles files;
+    files.master_file = "pytorch_lora_weights.safetensors";
+    files.ema_file = "pytorch_lora_weights_ema.safetensors";
+    return files;
   }
   void write_checkpoint_extras(const fs::path& dir) override {}
   void after_step(const StepReport& report) override;

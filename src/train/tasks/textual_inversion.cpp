@@ -64,7 +64,11 @@ class TextualInversionTask : public Task {
     return {{"placeholder_token", o_.placeholder_token}, {"num_vectors", o_.num_vectors}};
   }
   // A checkpoint's learned_embeds.safetensors is the script's own file format.
-  WholeTensorFiles checkpoint_files() const override { return {"learned_embeds.safetensors", "{}"}; }
+  WholeTensorFiles checkpoint_files() const override {
+    WholeTensorFiles files;
+    files.master_file = "learned_embeds.safetensors";
+    return files;
+  }
 
   void periodic_outputs(int64_t step) override {
     if (step % o_.save_steps == 0) save_embeddings(learned_.detach(), embeddings_path(fmt::format("-steps-{}", step)));

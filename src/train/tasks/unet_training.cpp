@@ -204,8 +204,9 @@ json UNetTrainingTask::identity() const {
 }
 
 WholeTensorFiles UNetTrainingTask::checkpoint_files() const {
-  WholeTensorFiles files{"unet/diffusion_pytorch_model.safetensors", "{}",
-                         "unet_ema/diffusion_pytorch_model.safetensors", "{}", "optimizer.safetensors"};
+  WholeTensorFiles files;
+  files.master_file = "unet/diffusion_pytorch_model.safetensors";
+  files.ema_file = "unet_ema/diffusion_pytorch_model.safetensors";
   if (o_.train_text_encoder)
     files.routes.push_back(
         {kTextEncoderPrefix, "text_encoder/model.safetensors", "text_encoder_ema/model.safetensors"});
