@@ -172,7 +172,8 @@ using Parts = std::map<std::string, at::Tensor>;
 enum class ModuleKind { kLora, kLoha, kLokr, kFull, kIa3, kOft, kGlora, kNorm };
 
 // The kind of module a part belongs to: down, up and mid make a LoRA, hada_* a LoHa, lokr_* a LoKr, diff and diff_b
-// a full update, weight and on_input an IA³ scaling, oft_blocks an orthogonal rotation, a1/a2/b1/b2/bm.weight a GLoRA,
+// a full update, weight and on_input an IA³ scaling, oft_blocks (and rescale) an orthogonal rotation (OFT's or BOFT's),
+// a1/a2/b1/b2/bm.weight a GLoRA,
 // w_norm and b_norm a norm layer's update; nullopt for alpha and the DoRA norms (LyCORIS' dora_scale, peft's
 // lora_magnitude_vector), which any kind can have.
 std::optional<ModuleKind> kind_of_part(const std::string& part) {
@@ -181,7 +182,7 @@ std::optional<ModuleKind> kind_of_part(const std::string& part) {
   if (part.rfind("lokr_", 0) == 0) return ModuleKind::kLokr;
   if (part == "diff" || part == "diff_b") return ModuleKind::kFull;
   if (part == "weight" || part == "on_input") return ModuleKind::kIa3;
-  if (part == "oft_blocks") return ModuleKind::kOft;
+  if (part == "oft_blocks" || part == "rescale") return ModuleKind::kOft;
   if (part == "a1.weight" || part == "a2.weight" || part == "b1.weight" || part == "b2.weight" || part == "bm.weight")
     return ModuleKind::kGlora;
   if (part == "w_norm" || part == "b_norm") return ModuleKind::kNorm;
@@ -208,8 +209,8 @@ ModuleKind kind_of(const PartMap& parts, const std::string& layer) {
   const std::vector<std::string> unread = unread_parts(parts);
   SD_CHECK(unread.empty(),
            "{}: '{}' is not read: sdtrain reads LoRA and LoCon (lora_down, lora_up, lora_mid), LoHa (hada_*), LoKr "
-           "(lokr_*), full (diff, diff_b), IA3 (weight, on_input), OFT (oft_blocks), GLoRA (a1.weight, ...) and "
-           "norm (w_norm, b_norm) modules, with alpha and dora_scale; not BOFT or others",
+           "(lokr_*), full (diff, diff_b), IA3 (weight, on_input), OFT and BOFT (oft_blocks, rescale), GLoRA "
+           "(a1.weight, ...) and norm (w_norm, b_norm) modules, with alpha and dora_scale",
            layer, fmt::join(unread, "', '"));
   std::set<ModuleKind> kinds;
   std::vector<std::string> others;
@@ -305,10 +306,7 @@ void check_factors(const Parts& p, ModuleKind kind, const std::string& layer) {
                layer);
       break;
     case ModuleKind::kOft:
-      SD_CHECK(p.at("oft_blocks").dim() != 4,
-               "{}: oft_blocks of 4 dimensions make LyCORIS' BOFT, which sdtrain does not read (OFT's are [blocks, "
-               "size, size])",
-               layer);
+      SD_CHECK(p.count("oft_blocks"), "{}: an OFT module needs oft_blocks besides rescale", layer);
       break;
   }
 }
@@ -344,21 +342,54 @@ at::Tensor ia3_update(const Parts& p, const at::Tensor& weight) {
   return weight.to(scales.options()) * scales.reshape(shape);
 }
 
-// OFT's update of weight W (kohya's networks.oft, LyCORIS' diag-oft): W's output rows in k blocks of n, each block
-// rotated by the orthogonal R = (I + Q)(I − Q)⁻¹ (Cayley) of the skew-symmetric Q = B − Bᵀ of its oft_blocks B
-// [k, n, n]: W'_k = R_kᵀ·W_k. A positive `constraint` (the file's alpha) bounds ‖Q‖ (over all blocks) by
-// constraint · out, scaling Q down to that norm when it is larger.
-at::Tensor oft_update(const Parts& p, const at::Tensor& weight, std::optional<double> constraint) {
-  const at::Tensor& blocks = p.at("oft_blocks");
-  const int64_t k = blocks.size(0), n = blocks.size(1), out = weight.size(0);
-  SD_CHECK(blocks.dim() == 3 && blocks.size(2) == n && k * n == out, "blocks that do not cover the layer's outputs");
-  at::Tensor q = blocks - blocks.transpose(1, 2);
+// The rotations of OFT's and BOFT's oft_blocks B: the orthogonal R = (I + Q)(I − Q)⁻¹ (Cayley) of each block's
+// skew-symmetric Q = B − Bᵀ. A positive `constraint` (the file's alpha) bounds ‖Q‖ (over all blocks) by
+// constraint · out, scaling Q down to that norm when it is larger. In float32 at least (LyCORIS inverts in float).
+at::Tensor cayley_rotations(const at::Tensor& oft_blocks, std::optional<double> constraint, int64_t out) {
+  const at::Tensor blocks = oft_blocks.scalar_type() == at::kDouble ? oft_blocks : oft_blocks.to(at::kFloat);
+  at::Tensor q = blocks - blocks.transpose(-1, -2);
   const double bound = constraint.value_or(0) * static_cast<double>(out);
   if (const double norm = q.norm().item<double>() + 1e-8; bound > 0 && norm > bound) q = q * (bound / norm);
-  const at::Tensor eye = at::eye(n, blocks.options()).expand({k, n, n});
-  const at::Tensor rotation = at::matmul(eye + q, at::inverse(eye - q));
-  const at::Tensor w = weight.to(blocks.options());
-  return at::matmul(rotation.transpose(1, 2), w.reshape({k, n, -1})).reshape(weight.sizes()) - w;
+  const at::Tensor eye = at::eye(q.size(-1), q.options()).expand(q.sizes());
+  return at::matmul(eye + q, at::inverse(eye - q));
+}
+
+// OFT's rotation (kohya's networks.oft, LyCORIS' diag-oft) of rows [out, c]: in k blocks of n rows, each rotated by
+// the transpose of its R [k, n, n]: W'_k = R_kᵀ·W_k.
+at::Tensor oft_rotated(const at::Tensor& rotations, const at::Tensor& rows) {
+  const int64_t k = rotations.size(0), n = rotations.size(1);
+  SD_CHECK(k * n == rows.size(0), "blocks that do not cover the layer's outputs");
+  return at::matmul(rotations.transpose(1, 2), rows.reshape({k, n, -1})).reshape(rows.sizes());
+}
+
+// BOFT's rotation (LyCORIS' boft, arXiv 2311.06243) of rows [out, c] by m butterfly factors, R [m, out/b, b, b]:
+// factor i takes the rows in groups of 2s (s = 2^i · b/2), interleaves each group's two halves, rotates each run of
+// b rows by its R (R·W_b, not OFT's transpose), and puts the rows back in their order.
+at::Tensor boft_rotated(const at::Tensor& rotations, const at::Tensor& rows) {
+  const int64_t b = rotations.size(2), out = rows.size(0), c = rows.size(1);
+  SD_CHECK(b % 2 == 0 && rotations.size(1) * b == out, "blocks that do not cover the layer's outputs");
+  at::Tensor w = rows;
+  for (int64_t i = 0; i < rotations.size(0); ++i) {
+    const int64_t s = (int64_t{1} << i) * (b / 2);
+    const at::Tensor interleaved = w.reshape({-1, 2, s, c}).transpose(1, 2).reshape({-1, b, c});
+    w = at::matmul(rotations[i], interleaved).reshape({-1, s, 2, c}).transpose(1, 2).reshape({out, c});
+  }
+  return w;
+}
+
+// The update of weight W by an OFT module (oft_blocks [k, n, n]) or a BOFT one (oft_blocks [m, k, b, b]): W's
+// output rows rotated (oft_rotated, boft_rotated), then, with LyCORIS' rescale [out, 1, ...], each output row scaled.
+at::Tensor oft_update(const Parts& p, const at::Tensor& weight, std::optional<double> constraint) {
+  const at::Tensor& blocks = p.at("oft_blocks");
+  SD_CHECK(blocks.dim() == 3 || blocks.dim() == 4, "oft_blocks of 3 (OFT) or 4 (BOFT) dimensions");
+  SD_CHECK(blocks.size(-1) == blocks.size(-2), "square blocks");
+  const at::Tensor rotations = cayley_rotations(blocks, constraint, weight.size(0));
+  const at::Tensor w = weight.to(rotations.options());
+  const at::Tensor rows = w.reshape({w.size(0), -1});
+  at::Tensor rotated = (blocks.dim() == 3 ? oft_rotated(rotations, rows) : boft_rotated(rotations, rows));
+  if (const auto rescale = p.find("rescale"); rescale != p.end())
+    rotated = rotated * rescale->second.to(rotations.options()).reshape({w.size(0), 1});
+  return rotated.reshape(weight.sizes()) - w;
 }
 
 // GLoRA's update of weight W (LyCORIS' glora, arXiv 2306.07967): ΔW = W·(a1·a2) + b1·b2, the first mixing W's input
@@ -387,7 +418,7 @@ at::Tensor glora_update(const Parts& p, const at::Tensor& weight) {
 //   IA³ (arXiv 2205.05638):          ΔW = W ⊙ w, w per output row or per input column (the bias is left, as LyCORIS
 //                                         and A1111 merge it)
 //   OFT (arXiv 2306.07280):          ΔW = Rᵀ·W − W, R block-diagonal and orthogonal (alpha bounds it instead of
-//                                         scaling it)
+//                                         scaling it); BOFT (arXiv 2311.06243): R a product of butterfly factors
 //   GLoRA (arXiv 2306.07967):        ΔW = W·(a1·a2) + b1·b2
 //   norm (LyCORIS' norms):           ΔW = w_norm, of a GroupNorm's or LayerNorm's weight (its bias update, b_norm,
 //                                         is the caller's)

@@ -167,8 +167,8 @@ TEST(LoraFile, BadFilesAreOneLineNamingTheFileAndKey) {
   EXPECT_EQ(error_for({{stem + ".oft_diag", down}, {stem + ".alpha", at::scalar_tensor(1.0)}}),
             file + ": layer " + kUNetModule +
                 ": 'oft_diag' is not read: sdtrain reads LoRA and LoCon (lora_down, lora_up, lora_mid), LoHa "
-                "(hada_*), LoKr (lokr_*), full (diff, diff_b), IA3 (weight, on_input), OFT (oft_blocks), GLoRA "
-                "(a1.weight, ...) and norm (w_norm, b_norm) modules, with alpha and dora_scale; not BOFT or others");
+                "(hada_*), LoKr (lokr_*), full (diff, diff_b), IA3 (weight, on_input), OFT and BOFT (oft_blocks, "
+                "rescale), GLoRA (a1.weight, ...) and norm (w_norm, b_norm) modules, with alpha and dora_scale");
   EXPECT_EQ(error_for({{"lora_unet_oft_blocks", down}}),
             file +
                 ": unknown key 'lora_unet_oft_blocks' (expected diffusers' unet.<module>.lora.down.weight or kohya's "
@@ -227,9 +227,12 @@ TEST(LoraFile, BadFilesAreOneLineNamingTheFileAndKey) {
   EXPECT_EQ(error_for({{stem + ".oft_blocks", at::zeros({2, 8, 8})}}),
             layer + ": the OFT factors oft_blocks [2, 8, 8] do not make the layer's weight [32, 32]");
   EXPECT_EQ(error_for({{stem + ".oft_blocks", at::zeros({2, 2, 8, 8})}}),
-            layer +
-                ": oft_blocks of 4 dimensions make LyCORIS' BOFT, which sdtrain does not read (OFT's are [blocks, "
-                "size, size])");
+            layer + ": the OFT factors oft_blocks [2, 2, 8, 8] do not make the layer's weight [32, 32]");
+  EXPECT_EQ(
+      error_for({{stem + ".oft_blocks", at::zeros({2, 4, 8, 8})}, {stem + ".rescale", at::ones({31, 1})}}),
+      layer + ": the OFT factors oft_blocks [2, 4, 8, 8], rescale [31, 1] do not make the layer's weight [32, 32]");
+  EXPECT_EQ(error_for({{stem + ".rescale", at::ones({32, 1})}}),
+            layer + ": an OFT module needs oft_blocks besides rescale");
   EXPECT_EQ(error_for({{stem + ".diff_b", at::ones({32})}}), layer + ": a full module needs diff besides diff_b");
   EXPECT_EQ(error_for({{stem + ".diff", at::ones({3, 3})}}),
             layer + ": the Full factors diff [3, 3] do not make the layer's weight [32, 32]");
@@ -583,6 +586,68 @@ TEST(LoraFile, OftRotatesBlocksOfOutputRows) {
       const at::Tensor rows1 = w1.slice(0, b * n, (b + 1) * n).reshape({n, -1});
       EXPECT_TRUE(at::allclose(at::mm(rows1.t(), rows1), at::mm(rows.t(), rows), 1e-4, 1e-6)) << "block " << b;
     }
+    EXPECT_TRUE(at::allclose(w1, expected, 1e-4, 1e-6));
+    EXPECT_TRUE(at::allclose(w07, w + (expected - w) * 0.7, 1e-4, 1e-6));
+    EXPECT_TRUE(at::equal(layer_weight(partial, LoraComponent::kUNet, c.module, "bias"),
+                          layer_weight(base, LoraComponent::kUNet, c.module, "bias")));
+  }
+}
+
+// BOFT (LyCORIS' boft) by its definition: oft_blocks [m, k, b, b] make m butterfly factors; factor i takes the output
+// rows in groups of 2s (s = 2^i · b/2), row a·2s + g·s + j of a group going to place a·2s + 2j + g, rotates each run
+// of b rows by R = (I + Q)(I − Q)⁻¹ of its block (R·W_b), and puts the rows back. Each factor is orthogonal, so
+// W'ᵀ·W' = Wᵀ·W; LyCORIS' rescale then scales each output row. A positive alpha bounds ‖Q‖ over all factors by
+// alpha · out; --lora_scale s gives W + s·(W' − W), as for OFT.
+TEST(LoraFile, BoftRotatesTheOutputRowsByButterflyFactors) {
+  sd::test::TempDir dir;
+  at::manual_seed(5);
+  const std::string &linear = kLinearStem, &conv = kConv3x3Stem;
+  const io::TensorMap t = {
+      {linear + ".oft_blocks", at::randn({2, 4, 8, 8}) * 0.2},  // 32 rows: two factors of four 8x8 blocks
+      {conv + ".oft_blocks", at::randn({3, 16, 4, 4})},         // 64 rows: three factors of sixteen 4x4 blocks
+      {conv + ".rescale", 1 + at::randn({64, 1, 1, 1}) * 0.1},
+      {conv + ".alpha", at::scalar_tensor(1e-2)},  // bound 0.64, far below ‖Q‖
+  };
+  const fs::path path = dir.path() / "boft.safetensors";
+  StableDiffusion base = load_tiny(), whole = with_lora_file(t, path, 1.0), partial = with_lora_file(t, path, 0.7);
+  struct Case {
+    std::string module, stem;
+    double bound;  // 0: none
+  };
+  for (const Case& c : {Case{kLinearModule, linear, 0}, Case{kConv3x3Module, conv, 1e-2 * 64}}) {
+    SCOPED_TRACE(c.module);
+    const at::Tensor w = layer_weight(base, LoraComponent::kUNet, c.module).to(at::kDouble),
+                     w1 = layer_weight(whole, LoraComponent::kUNet, c.module).to(at::kDouble),
+                     w07 = layer_weight(partial, LoraComponent::kUNet, c.module).to(at::kDouble);
+    const at::Tensor blocks = t.at(c.stem + ".oft_blocks").to(at::kDouble);
+    const int64_t m = blocks.size(0), b = blocks.size(2), out = w.size(0);
+    at::Tensor q = blocks - blocks.transpose(-1, -2);
+    if (c.bound > 0) {
+      ASSERT_GT(q.norm().item<double>(), c.bound);
+      q = q * (c.bound / q.norm().item<double>());
+    }
+    const at::Tensor eye = at::eye(b, at::kDouble);
+    at::Tensor rows = w.reshape({out, -1}).clone();
+    for (int64_t i = 0; i < m; ++i) {
+      const int64_t s = (int64_t{1} << i) * (b / 2);
+      std::vector<int64_t> from(out);  // place p of the interleaved order holds row from[p]
+      for (int64_t a = 0; a < out / (2 * s); ++a)
+        for (int64_t g = 0; g < 2; ++g)
+          for (int64_t j = 0; j < s; ++j) from[a * 2 * s + 2 * j + g] = a * 2 * s + g * s + j;
+      const at::Tensor order = at::tensor(from);
+      const at::Tensor interleaved = rows.index_select(0, order);
+      at::Tensor rotated = at::empty_like(interleaved);
+      for (int64_t block = 0; block < out / b; ++block) {
+        const at::Tensor r = at::linalg_solve(eye - q[i][block], eye + q[i][block]);  // (I − Q)⁻¹(I + Q) = R
+        rotated.slice(0, block * b, (block + 1) * b).copy_(at::mm(r, interleaved.slice(0, block * b, (block + 1) * b)));
+      }
+      rows.index_copy_(0, order, rotated);
+    }
+    const at::Tensor gram = at::mm(rows.t(), rows), base_rows = w.reshape({out, -1});
+    EXPECT_TRUE(at::allclose(gram, at::mm(base_rows.t(), base_rows), 1e-4, 1e-6));
+    const auto rescale = t.find(c.stem + ".rescale");
+    if (rescale != t.end()) rows = rows * rescale->second.to(at::kDouble).reshape({out, 1});
+    const at::Tensor expected = rows.reshape(w.sizes());
     EXPECT_TRUE(at::allclose(w1, expected, 1e-4, 1e-6));
     EXPECT_TRUE(at::allclose(w07, w + (expected - w) * 0.7, 1e-4, 1e-6));
     EXPECT_TRUE(at::equal(layer_weight(partial, LoraComponent::kUNet, c.module, "bias"),
