@@ -49,8 +49,8 @@ at::Tensor as_maps(const at::Tensor& product, int64_t n, int64_t oh, int64_t ow)
 // the backward computes only the columns' gradient, through the layer's FrozenWeight. Being outside autograd, the
 // forward product runs in a kept oneDNN primitive. (Computed as its transpose, (xᵀ·wᵀ + bias)ᵀ, where oneDNN adds the
 // bias itself, it ran 20-40% slower on SD-1.5's 4x4 and 8x8 maps and rounded differently there.) The node reshapes
-// between columns, matrix and maps itself: done outside, they recorded five autograd nodes per layer, ~290 of tiny-
-// sd1's ~9,700 ops a textual-inversion step.
+// between columns, matrix and maps itself: done outside, they recorded six autograd nodes per layer (two transposes,
+// two copies, two views), which with their backward ops made ~680 of tiny-sd1's ~9,700 ops a textual-inversion step.
 struct FrozenGemm : torch::autograd::Function<FrozenGemm> {
   // (An undefined tensor cannot be a Function's input, so a layer without bias passes none.)
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& columns, const at::Tensor& w,

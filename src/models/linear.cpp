@@ -20,8 +20,8 @@ enum class Forward : int64_t {
 
 // The gradients are those of at::linear's addmm: dx = dy·W, dW = dyᵀ·x, db = Σ_rows dy, each computed only when
 // its input takes a gradient (a frozen layer under textual inversion computes dx alone). The node takes x with its
-// leading dimensions and flattens them to rows inside: flattening outside recorded two view nodes per layer (a
-// reshape and a view back), ~270 of tiny-sd1's ~9,800 ops a textual-inversion step.
+// leading dimensions and flattens them to rows inside: flattening outside recorded two autograd view nodes per layer
+// (a reshape and a view back), ~270 a tiny-sd1 textual-inversion step, whose time is LibTorch's per-op cost.
 struct LinearRows : torch::autograd::Function<LinearRows> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const c10::optional<at::Tensor>& bias, int64_t how) {
