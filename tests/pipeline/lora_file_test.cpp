@@ -1,7 +1,10 @@
 // LoRA files (pipeline/lora_file.h): the names diffusers 0.24 and kohya write, both formats read back to the same
-// adapters, the reference file (C11) loads onto tiny-sd1, LyCORIS' LoHa, LoKr, Tucker LoCon, full, IA³, OFT, GLoRA,
-// norm and DoRA updates as their definitions, and one clear line for every bad file.
+// adapters, the reference file (C11) loads onto tiny-sd1, LyCORIS' LoHa, LoKr, Tucker LoCon, full, IA³, OFT, BOFT,
+// GLoRA, norm and DoRA updates as their definitions, and one clear line for every bad file.
 #include "pipeline/lora_file.h"
+
+#include <functional>
+#include <optional>
 
 #include "io/safetensors.h"
 #include "models/lora.h"
@@ -545,21 +548,22 @@ TEST(LoraFile, LyCorisIA3ScalesTheWeightsRowsOrColumns) {
   EXPECT_EQ(summary->kinds.begin()->second.modules, 3);
 }
 
-// OFT (kohya's networks.oft, LyCORIS' diag-oft) by what it is: at --lora_scale 1 each block of n output rows is
-// rotated, W'_k = R_kᵀ·W_k, by the Cayley transform R = (I − Q)⁻¹(I + Q) of Q = B − Bᵀ (taken here in double, in
-// the other order, which the transform allows), so each block's Gram matrix W_kᵀ·W_k is kept; with a positive alpha
-// Q is first scaled to the norm alpha · out when it is larger. Below 1 the weight is that far along the way, as
-// kohya's multiplier · (R − I) + I gives; biases stay.
-TEST(LoraFile, OftRotatesBlocksOfOutputRows) {
+// The orthogonal rotations (OFT, BOFT) of the tiny UNet's linear layer [32, 32] (`linear_blocks`, no alpha) and 3x3
+// conv [64, 32, 3, 3] (`conv_blocks`, with alpha 1e-2: the bound 0.64 is far below ‖Q‖, and the conv's rescale if
+// given), merged at --lora_scale 1 and 0.7, against `rotated(rows, q)`: the expected rows [out, in·kh·kw] (in double)
+// for Q = B − Bᵀ of the blocks B, already scaled to the norm alpha · out. At 0.7 the weight is that far along the
+// way, W + 0.7·(W' − W), as kohya's multiplier · (R − I) + I gives; biases stay. `rotated` checks what the rotation
+// keeps (Gram matrices), the rescale applied after it.
+void expect_rotations_merged(const at::Tensor& linear_blocks, const at::Tensor& conv_blocks,
+                             const std::optional<at::Tensor>& conv_rescale,
+                             const std::function<at::Tensor(const at::Tensor&, const at::Tensor&)>& rotated) {
   sd::test::TempDir dir;
-  at::manual_seed(4);
   const std::string &linear = kLinearStem, &conv = kConv3x3Stem;
-  const io::TensorMap t = {
-      {linear + ".oft_blocks", at::randn({4, 8, 8}) * 0.2},  // no alpha: no constraint
-      {conv + ".oft_blocks", at::randn({8, 8, 8})},
-      {conv + ".alpha", at::scalar_tensor(1e-2)},  // bound 0.64, far below ‖Q‖
-  };
-  const fs::path path = dir.path() / "oft.safetensors";
+  io::TensorMap t = {{linear + ".oft_blocks", linear_blocks},
+                     {conv + ".oft_blocks", conv_blocks},
+                     {conv + ".alpha", at::scalar_tensor(1e-2)}};
+  if (conv_rescale) t[conv + ".rescale"] = *conv_rescale;
+  const fs::path path = dir.path() / "rotations.safetensors";
   StableDiffusion base = load_tiny(), whole = with_lora_file(t, path, 1.0), partial = with_lora_file(t, path, 0.7);
   struct Case {
     std::string module, stem;
@@ -571,21 +575,15 @@ TEST(LoraFile, OftRotatesBlocksOfOutputRows) {
                      w1 = layer_weight(whole, LoraComponent::kUNet, c.module).to(at::kDouble),
                      w07 = layer_weight(partial, LoraComponent::kUNet, c.module).to(at::kDouble);
     const at::Tensor blocks = t.at(c.stem + ".oft_blocks").to(at::kDouble);
-    const int64_t k = blocks.size(0), n = blocks.size(1);
-    at::Tensor q = blocks - blocks.transpose(1, 2);
+    at::Tensor q = blocks - blocks.transpose(-1, -2);
     if (c.bound > 0) {
       ASSERT_GT(q.norm().item<double>(), c.bound);
       q = q * (c.bound / q.norm().item<double>());
     }
-    const at::Tensor eye = at::eye(n, at::kDouble);
-    at::Tensor expected = w.clone();
-    for (int64_t b = 0; b < k; ++b) {
-      const at::Tensor r = at::linalg_solve(eye - q[b], eye + q[b]);
-      const at::Tensor rows = w.slice(0, b * n, (b + 1) * n).reshape({n, -1}), rotated = at::mm(r.t(), rows);
-      expected.slice(0, b * n, (b + 1) * n).copy_(rotated.reshape_as(expected.slice(0, b * n, (b + 1) * n)));
-      const at::Tensor rows1 = w1.slice(0, b * n, (b + 1) * n).reshape({n, -1});
-      EXPECT_TRUE(at::allclose(at::mm(rows1.t(), rows1), at::mm(rows.t(), rows), 1e-4, 1e-6)) << "block " << b;
-    }
+    at::Tensor rows = rotated(w.reshape({w.size(0), -1}), q);
+    if (const auto rescale = t.find(c.stem + ".rescale"); rescale != t.end())
+      rows = rows * rescale->second.to(at::kDouble).reshape({w.size(0), 1});
+    const at::Tensor expected = rows.reshape(w.sizes());
     EXPECT_TRUE(at::allclose(w1, expected, 1e-4, 1e-6));
     EXPECT_TRUE(at::allclose(w07, w + (expected - w) * 0.7, 1e-4, 1e-6));
     EXPECT_TRUE(at::equal(layer_weight(partial, LoraComponent::kUNet, c.module, "bias"),
@@ -593,66 +591,59 @@ TEST(LoraFile, OftRotatesBlocksOfOutputRows) {
   }
 }
 
+// The Cayley rotation R = (I − Q)⁻¹(I + Q) of a skew-symmetric Q, in double (the other order than LyCORIS' (I + Q)
+// (I − Q)⁻¹, which the transform allows).
+at::Tensor cayley(const at::Tensor& q) {
+  const at::Tensor eye = at::eye(q.size(0), at::kDouble);
+  return at::linalg_solve(eye - q, eye + q);
+}
+
+// OFT (kohya's networks.oft, LyCORIS' diag-oft) by what it is: each block of n output rows is rotated,
+// W'_k = R_kᵀ·W_k, so each block's Gram matrix W_kᵀ·W_k is kept.
+TEST(LoraFile, OftRotatesBlocksOfOutputRows) {
+  at::manual_seed(4);
+  expect_rotations_merged(at::randn({4, 8, 8}) * 0.2, at::randn({8, 8, 8}), std::nullopt,
+                          [](const at::Tensor& rows, const at::Tensor& q) {
+                            const int64_t n = q.size(1);
+                            at::Tensor out = rows.clone();
+                            for (int64_t k = 0; k < q.size(0); ++k) {
+                              const at::Tensor block = rows.slice(0, k * n, (k + 1) * n);
+                              const at::Tensor turned = at::mm(cayley(q[k]).t(), block);
+                              EXPECT_TRUE(at::allclose(at::mm(turned.t(), turned), at::mm(block.t(), block), 1e-9));
+                              out.slice(0, k * n, (k + 1) * n).copy_(turned);
+                            }
+                            return out;
+                          });
+}
+
 // BOFT (LyCORIS' boft) by its definition: oft_blocks [m, k, b, b] make m butterfly factors; factor i takes the output
 // rows in groups of 2s (s = 2^i · b/2), row a·2s + g·s + j of a group going to place a·2s + 2j + g, rotates each run
-// of b rows by R = (I + Q)(I − Q)⁻¹ of its block (R·W_b), and puts the rows back. Each factor is orthogonal, so
-// W'ᵀ·W' = Wᵀ·W; LyCORIS' rescale then scales each output row. A positive alpha bounds ‖Q‖ over all factors by
-// alpha · out; --lora_scale s gives W + s·(W' − W), as for OFT.
+// of b rows by its block's R (R·W_b, not OFT's transpose), and puts the rows back. Each factor is orthogonal, so
+// W'ᵀ·W' = Wᵀ·W; LyCORIS' rescale then scales each output row.
 TEST(LoraFile, BoftRotatesTheOutputRowsByButterflyFactors) {
-  sd::test::TempDir dir;
   at::manual_seed(5);
-  const std::string &linear = kLinearStem, &conv = kConv3x3Stem;
-  const io::TensorMap t = {
-      {linear + ".oft_blocks", at::randn({2, 4, 8, 8}) * 0.2},  // 32 rows: two factors of four 8x8 blocks
-      {conv + ".oft_blocks", at::randn({3, 16, 4, 4})},         // 64 rows: three factors of sixteen 4x4 blocks
-      {conv + ".rescale", 1 + at::randn({64, 1, 1, 1}) * 0.1},
-      {conv + ".alpha", at::scalar_tensor(1e-2)},  // bound 0.64, far below ‖Q‖
-  };
-  const fs::path path = dir.path() / "boft.safetensors";
-  StableDiffusion base = load_tiny(), whole = with_lora_file(t, path, 1.0), partial = with_lora_file(t, path, 0.7);
-  struct Case {
-    std::string module, stem;
-    double bound;  // 0: none
-  };
-  for (const Case& c : {Case{kLinearModule, linear, 0}, Case{kConv3x3Module, conv, 1e-2 * 64}}) {
-    SCOPED_TRACE(c.module);
-    const at::Tensor w = layer_weight(base, LoraComponent::kUNet, c.module).to(at::kDouble),
-                     w1 = layer_weight(whole, LoraComponent::kUNet, c.module).to(at::kDouble),
-                     w07 = layer_weight(partial, LoraComponent::kUNet, c.module).to(at::kDouble);
-    const at::Tensor blocks = t.at(c.stem + ".oft_blocks").to(at::kDouble);
-    const int64_t m = blocks.size(0), b = blocks.size(2), out = w.size(0);
-    at::Tensor q = blocks - blocks.transpose(-1, -2);
-    if (c.bound > 0) {
-      ASSERT_GT(q.norm().item<double>(), c.bound);
-      q = q * (c.bound / q.norm().item<double>());
-    }
-    const at::Tensor eye = at::eye(b, at::kDouble);
-    at::Tensor rows = w.reshape({out, -1}).clone();
-    for (int64_t i = 0; i < m; ++i) {
-      const int64_t s = (int64_t{1} << i) * (b / 2);
-      std::vector<int64_t> from(out);  // place p of the interleaved order holds row from[p]
-      for (int64_t a = 0; a < out / (2 * s); ++a)
-        for (int64_t g = 0; g < 2; ++g)
-          for (int64_t j = 0; j < s; ++j) from[a * 2 * s + 2 * j + g] = a * 2 * s + g * s + j;
-      const at::Tensor order = at::tensor(from);
-      const at::Tensor interleaved = rows.index_select(0, order);
-      at::Tensor rotated = at::empty_like(interleaved);
-      for (int64_t block = 0; block < out / b; ++block) {
-        const at::Tensor r = at::linalg_solve(eye - q[i][block], eye + q[i][block]);  // (I − Q)⁻¹(I + Q) = R
-        rotated.slice(0, block * b, (block + 1) * b).copy_(at::mm(r, interleaved.slice(0, block * b, (block + 1) * b)));
-      }
-      rows.index_copy_(0, order, rotated);
-    }
-    const at::Tensor gram = at::mm(rows.t(), rows), base_rows = w.reshape({out, -1});
-    EXPECT_TRUE(at::allclose(gram, at::mm(base_rows.t(), base_rows), 1e-4, 1e-6));
-    const auto rescale = t.find(c.stem + ".rescale");
-    if (rescale != t.end()) rows = rows * rescale->second.to(at::kDouble).reshape({out, 1});
-    const at::Tensor expected = rows.reshape(w.sizes());
-    EXPECT_TRUE(at::allclose(w1, expected, 1e-4, 1e-6));
-    EXPECT_TRUE(at::allclose(w07, w + (expected - w) * 0.7, 1e-4, 1e-6));
-    EXPECT_TRUE(at::equal(layer_weight(partial, LoraComponent::kUNet, c.module, "bias"),
-                          layer_weight(base, LoraComponent::kUNet, c.module, "bias")));
-  }
+  // 32 rows: two factors of four 8x8 blocks; 64 rows: three factors of sixteen 4x4 blocks.
+  expect_rotations_merged(
+      at::randn({2, 4, 8, 8}) * 0.2, at::randn({3, 16, 4, 4}), 1 + at::randn({64, 1, 1, 1}) * 0.1,
+      [](const at::Tensor& rows, const at::Tensor& q) {
+        const int64_t b = q.size(2), out = rows.size(0);
+        at::Tensor turned = rows.clone();
+        for (int64_t i = 0; i < q.size(0); ++i) {
+          const int64_t s = (int64_t{1} << i) * (b / 2);
+          std::vector<int64_t> from(out);  // place p of the interleaved order holds row from[p]
+          for (int64_t a = 0; a < out / (2 * s); ++a)
+            for (int64_t g = 0; g < 2; ++g)
+              for (int64_t j = 0; j < s; ++j) from[a * 2 * s + 2 * j + g] = a * 2 * s + g * s + j;
+          const at::Tensor order = at::tensor(from), interleaved = turned.index_select(0, order);
+          at::Tensor rotated = at::empty_like(interleaved);
+          for (int64_t block = 0; block < out / b; ++block)
+            rotated.slice(0, block * b, (block + 1) * b)
+                .copy_(at::mm(cayley(q[i][block]), interleaved.slice(0, block * b, (block + 1) * b)));
+          turned.index_copy_(0, order, rotated);
+        }
+        EXPECT_TRUE(at::allclose(at::mm(turned.t(), turned), at::mm(rows.t(), rows), 1e-9));
+        return turned;
+      });
 }
 
 // GLoRA (LyCORIS' glora) by its definition, ΔW = (W·(a1·a2) + b1·b2) · alpha / rank: the layer's input channels
