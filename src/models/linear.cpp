@@ -28,7 +28,6 @@ struct LinearRows : torch::autograd::Function<LinearRows> {
     const at::Tensor rows = as_rows(x);  // a view, unless x's layout needs a copy
     ctx->save_for_backward({rows, weight});
     ctx->saved_data["has_bias"] = bias.has_value();
-    ctx->saved_data["x_sizes"] = x.sizes();
     return rows_product(rows, weight, bias, static_cast<Forward>(how)).view(with_last(x.sizes(), weight.size(0)));
   }
 
@@ -37,7 +36,7 @@ struct LinearRows : torch::autograd::Function<LinearRows> {
     const at::Tensor &rows = saved[0], &weight = saved[1];
     const at::Tensor dy = as_rows(grads[0]);
     at::Tensor dx, dw, db;
-    if (ctx->needs_input_grad(0)) dx = sd::mm(dy, weight).view(ctx->saved_data["x_sizes"].toIntVector());
+    if (ctx->needs_input_grad(0)) dx = sd::mm(dy, weight).view(with_last(grads[0].sizes(), weight.size(1)));
     if (ctx->needs_input_grad(1)) dw = sd::mm(dy.t(), rows);
     if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) db = dy.sum(0);
     return {dx, dw, db, at::Tensor()};
