@@ -172,17 +172,16 @@ using Parts = std::map<std::string, at::Tensor>;
 enum class ModuleKind { kLora, kLoha, kLokr, kFull, kIa3, kOft, kGlora, kNorm };
 
 // The kind of module a part belongs to: down, up and mid make a LoRA, hada_* a LoHa, lokr_* a LoKr, diff and diff_b
-// a full update, weight and on_input an IA³ scaling, oft_blocks (and rescale) an orthogonal rotation (OFT's or BOFT's),
-// a1/a2/b1/b2/bm.weight a GLoRA,
-// w_norm and b_norm a norm layer's update; nullopt for alpha and the DoRA norms (LyCORIS' dora_scale, peft's
-// lora_magnitude_vector), which any kind can have.
+// a full update, weight and on_input an IA³ scaling, oft_blocks or oft_diag (and rescale) a rotation (OFT's or BOFT's),
+// a1/a2/b1/b2/bm.weight a GLoRA, w_norm and b_norm a norm layer's update; nullopt for alpha and the DoRA norms
+// (LyCORIS' dora_scale, peft's lora_magnitude_vector), which any kind can have.
 std::optional<ModuleKind> kind_of_part(const std::string& part) {
   if (part == "down" || part == "up" || part == "mid") return ModuleKind::kLora;
   if (part.rfind("hada_", 0) == 0) return ModuleKind::kLoha;
   if (part.rfind("lokr_", 0) == 0) return ModuleKind::kLokr;
   if (part == "diff" || part == "diff_b") return ModuleKind::kFull;
   if (part == "weight" || part == "on_input") return ModuleKind::kIa3;
-  if (part == "oft_blocks" || part == "rescale") return ModuleKind::kOft;
+  if (part == "oft_blocks" || part == "oft_diag" || part == "rescale") return ModuleKind::kOft;
   if (part == "a1.weight" || part == "a2.weight" || part == "b1.weight" || part == "b2.weight" || part == "bm.weight")
     return ModuleKind::kGlora;
   if (part == "w_norm" || part == "b_norm") return ModuleKind::kNorm;
@@ -209,7 +208,7 @@ ModuleKind kind_of(const PartMap& parts, const std::string& layer) {
   const std::vector<std::string> unread = unread_parts(parts);
   SD_CHECK(unread.empty(),
            "{}: '{}' is not read: sdtrain reads LoRA and LoCon (lora_down, lora_up, lora_mid), LoHa (hada_*), LoKr "
-           "(lokr_*), full (diff, diff_b), IA3 (weight, on_input), OFT and BOFT (oft_blocks, rescale), GLoRA "
+           "(lokr_*), full (diff, diff_b), IA3 (weight, on_input), OFT and BOFT (oft_blocks, oft_diag, rescale), GLoRA "
            "(a1.weight, ...) and norm (w_norm, b_norm) modules, with alpha and dora_scale",
            layer, fmt::join(unread, "', '"));
   std::set<ModuleKind> kinds;
@@ -306,7 +305,8 @@ void check_factors(const Parts& p, ModuleKind kind, const std::string& layer) {
                layer);
       break;
     case ModuleKind::kOft:
-      SD_CHECK(p.count("oft_blocks"), "{}: an OFT module needs oft_blocks besides rescale", layer);
+      SD_CHECK(p.count("oft_blocks") + p.count("oft_diag") == 1,
+               "{}: an OFT module needs oft_blocks or (LyCORIS' early files) oft_diag, one of them", layer);
       break;
   }
 }
@@ -342,11 +342,14 @@ at::Tensor ia3_update(const Parts& p, const at::Tensor& weight) {
   return weight.to(scales.options()) * scales.reshape(shape);
 }
 
+// `t` in float32, or in double if it is.
+at::Tensor float32_at_least(const at::Tensor& t) { return t.scalar_type() == at::kDouble ? t : t.to(at::kFloat); }
+
 // The rotations of OFT's and BOFT's oft_blocks B: the orthogonal R = (I + Q)(I − Q)⁻¹ (Cayley) of each block's
 // skew-symmetric Q = B − Bᵀ. A positive `constraint` (the file's alpha) bounds ‖Q‖ (over all blocks) by
 // constraint · out, scaling Q down to that norm when it is larger. In float32 at least (LyCORIS inverts in float).
 at::Tensor cayley_rotations(const at::Tensor& oft_blocks, std::optional<double> constraint, int64_t out) {
-  const at::Tensor blocks = oft_blocks.scalar_type() == at::kDouble ? oft_blocks : oft_blocks.to(at::kFloat);
+  const at::Tensor blocks = float32_at_least(oft_blocks);
   at::Tensor q = blocks - blocks.transpose(-1, -2);
   const double bound = constraint.value_or(0) * static_cast<double>(out);
   if (const double norm = q.norm().item<double>() + 1e-8; bound > 0 && norm > bound) q = q * (bound / norm);
@@ -379,11 +382,15 @@ at::Tensor boft_rotated(const at::Tensor& rotations, const at::Tensor& rows) {
 
 // The update of weight W by an OFT module (oft_blocks [k, n, n]) or a BOFT one (oft_blocks [m, k, b, b]): W's
 // output rows rotated (oft_rotated, boft_rotated), then, with LyCORIS' rescale [out, 1, ...], each output row scaled.
+// LyCORIS' early OFT (Oct 2023 - Feb 2024) saved the rotations themselves, oft_diag [k, n, n], its rescale folded in
+// and its constraint applied; A1111 reads them as they are, and so does this.
 at::Tensor oft_update(const Parts& p, const at::Tensor& weight, std::optional<double> constraint) {
-  const at::Tensor& blocks = p.at("oft_blocks");
-  SD_CHECK(blocks.dim() == 3 || blocks.dim() == 4, "oft_blocks of 3 (OFT) or 4 (BOFT) dimensions");
+  const auto stored = p.find("oft_diag");
+  const at::Tensor& blocks = stored != p.end() ? stored->second : p.at("oft_blocks");
+  SD_CHECK(blocks.dim() == 3 || (blocks.dim() == 4 && stored == p.end()), "blocks of 3 (OFT) or 4 (BOFT) dimensions");
   SD_CHECK(blocks.size(-1) == blocks.size(-2), "square blocks");
-  const at::Tensor rotations = cayley_rotations(blocks, constraint, weight.size(0));
+  const at::Tensor rotations =
+      stored != p.end() ? float32_at_least(blocks) : cayley_rotations(blocks, constraint, weight.size(0));
   const at::Tensor w = weight.to(rotations.options());
   const at::Tensor rows = w.reshape({w.size(0), -1});
   at::Tensor rotated = (blocks.dim() == 3 ? oft_rotated(rotations, rows) : boft_rotated(rotations, rows));
@@ -665,6 +672,9 @@ std::pair<std::string, std::optional<int64_t>> module_kind_and_rank(const io::Te
   const ModuleKind kind = kind_of(parts, layer);
   const std::optional<std::string> rank = rank_part(parts, kind);
   const std::string dora = parts.count("dora_scale") || parts.count("lora_magnitude_vector") ? "+DoRA" : "";
+  // OFT and BOFT load alike (oft_update tells them apart by oft_blocks' dimensions), but a user asks which it is.
+  if (kind == ModuleKind::kOft && parts.count("oft_blocks") && shape_of("oft_blocks").size() == 4)
+    return {"BOFT" + dora, std::nullopt};
   if (kind != ModuleKind::kLora) return {kind_label(kind) + dora, rank ? rank_of(*rank) : std::nullopt};
   auto kxk = [&](const std::string& part) {
     const std::vector<int64_t> shape = parts.count(part) ? shape_of(part) : std::vector<int64_t>{};

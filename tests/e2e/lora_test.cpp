@@ -246,18 +246,18 @@ TEST(LoraE2E, InspectShowsALoraFilesModulesRanksAlphasAndMetadata) {
                                std::string(91, 'x') + "...\n");
 
   // IA3 (a diagonal scale of the keys) and OFT have no rank; LyCORIS modules generate does not read are shown by
-  // their parts (here LyCORIS' early OFT's).
+  // their parts (here the scale LyCORIS' trainer folds into the factors it saves).
   const fs::path lycoris = dir.path() / "ia3_oft.safetensors";
   io::save_safetensors(lycoris, {{dora + ".weight", at::zeros({32})},
                                  {dora + ".on_input", at::zeros({}, at::kBool)},
                                  {"lora_unet_mid_block_attentions_0_proj_in.oft_blocks", at::zeros({4, 8, 8})},
-                                 {"lora_unet_mid_block_attentions_0_proj_out.oft_diag", at::zeros({64})}});
+                                 {"lora_unet_mid_block_attentions_0_proj_out.scalar", at::zeros({})}});
   EXPECT_EQ(inspect(lycoris), lycoris.string() +
-                                  ": LoRA file (kohya names): 3 modules (UNet 3, text encoder 0), 0.000352 M params, "
+                                  ": LoRA file (kohya names): 3 modules (UNet 3, text encoder 0), 0.000289 M params, "
                                   "float32, 0.00 MB\n"
                                   "  IA3            1 modules  rank -  alpha none (scale 1)\n"
                                   "  OFT            1 modules  rank -  alpha none (scale 1)\n"
-                                  "  not read (oft_diag)     1 modules  rank -  alpha none (scale 1)\n"
+                                  "  not read (scalar)     1 modules  rank -  alpha none (scale 1)\n"
                                   "  format: pt\n");
 
   // An SDXL LoRA is shown for what it is (generate refuses it: sdtrain runs SD-1.x and SD-2.x).

@@ -167,11 +167,12 @@ TEST(LoraFile, BadFilesAreOneLineNamingTheFileAndKey) {
                 "lora_unet_<module>.lora_down.weight, LyCORIS' .hada_w1_a (LoHa) or .lokr_w1 (LoKr), and their "
                 "text-encoder, up and alpha twins)");
   const std::string stem = "lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_q";
-  EXPECT_EQ(error_for({{stem + ".oft_diag", down}, {stem + ".alpha", at::scalar_tensor(1.0)}}),
-            file + ": layer " + kUNetModule +
-                ": 'oft_diag' is not read: sdtrain reads LoRA and LoCon (lora_down, lora_up, lora_mid), LoHa "
-                "(hada_*), LoKr (lokr_*), full (diff, diff_b), IA3 (weight, on_input), OFT and BOFT (oft_blocks, "
-                "rescale), GLoRA (a1.weight, ...) and norm (w_norm, b_norm) modules, with alpha and dora_scale");
+  EXPECT_EQ(
+      error_for({{stem + ".scalar", at::scalar_tensor(1.0)}, {stem + ".alpha", at::scalar_tensor(1.0)}}),
+      file + ": layer " + kUNetModule +
+          ": 'scalar' is not read: sdtrain reads LoRA and LoCon (lora_down, lora_up, lora_mid), LoHa "
+          "(hada_*), LoKr (lokr_*), full (diff, diff_b), IA3 (weight, on_input), OFT and BOFT (oft_blocks, "
+          "oft_diag, rescale), GLoRA (a1.weight, ...) and norm (w_norm, b_norm) modules, with alpha and dora_scale");
   EXPECT_EQ(error_for({{"lora_unet_oft_blocks", down}}),
             file +
                 ": unknown key 'lora_unet_oft_blocks' (expected diffusers' unet.<module>.lora.down.weight or kohya's "
@@ -235,7 +236,11 @@ TEST(LoraFile, BadFilesAreOneLineNamingTheFileAndKey) {
       error_for({{stem + ".oft_blocks", at::zeros({2, 4, 8, 8})}, {stem + ".rescale", at::ones({31, 1})}}),
       layer + ": the OFT factors oft_blocks [2, 4, 8, 8], rescale [31, 1] do not make the layer's weight [32, 32]");
   EXPECT_EQ(error_for({{stem + ".rescale", at::ones({32, 1})}}),
-            layer + ": an OFT module needs oft_blocks besides rescale");
+            layer + ": an OFT module needs oft_blocks or (LyCORIS' early files) oft_diag, one of them");
+  EXPECT_EQ(error_for({{stem + ".oft_blocks", at::zeros({4, 8, 8})}, {stem + ".oft_diag", at::zeros({4, 8, 8})}}),
+            layer + ": an OFT module needs oft_blocks or (LyCORIS' early files) oft_diag, one of them");
+  EXPECT_EQ(error_for({{stem + ".oft_diag", at::zeros({2, 2, 8, 8})}}),
+            layer + ": the OFT factors oft_diag [2, 2, 8, 8] do not make the layer's weight [32, 32]");
   EXPECT_EQ(error_for({{stem + ".diff_b", at::ones({32})}}), layer + ": a full module needs diff besides diff_b");
   EXPECT_EQ(error_for({{stem + ".diff", at::ones({3, 3})}}),
             layer + ": the Full factors diff [3, 3] do not make the layer's weight [32, 32]");
@@ -553,8 +558,8 @@ TEST(LoraFile, LyCorisIA3ScalesTheWeightsRowsOrColumns) {
 // given), merged at --lora_scale 1 and 0.7, against `rotated(rows, q)`: the expected rows [out, in·kh·kw] (in double)
 // for Q = B − Bᵀ of the blocks B, already scaled to the norm alpha · out. At 0.7 the weight is that far along the
 // way, W + 0.7·(W' − W), as kohya's multiplier · (R − I) + I gives; biases stay. `rotated` checks what the rotation
-// keeps (Gram matrices), the rescale applied after it.
-void expect_rotations_merged(const at::Tensor& linear_blocks, const at::Tensor& conv_blocks,
+// keeps (Gram matrices), the rescale applied after it. `sdtrain inspect`'s summary names both modules `kind`.
+void expect_rotations_merged(const std::string& kind, const at::Tensor& linear_blocks, const at::Tensor& conv_blocks,
                              const std::optional<at::Tensor>& conv_rescale,
                              const std::function<at::Tensor(const at::Tensor&, const at::Tensor&)>& rotated) {
   sd::test::TempDir dir;
@@ -589,6 +594,11 @@ void expect_rotations_merged(const at::Tensor& linear_blocks, const at::Tensor& 
     EXPECT_TRUE(at::equal(layer_weight(partial, LoraComponent::kUNet, c.module, "bias"),
                           layer_weight(base, LoraComponent::kUNet, c.module, "bias")));
   }
+  const std::optional<LoraFileSummary> summary = summarize_lora_file(path);
+  ASSERT_TRUE(summary);
+  ASSERT_EQ(summary->kinds.size(), 1u);
+  EXPECT_EQ(summary->kinds.begin()->first, kind);
+  EXPECT_EQ(summary->kinds.begin()->second.modules, 2);
 }
 
 // The Cayley rotation R = (I − Q)⁻¹(I + Q) of a skew-symmetric Q, in double (the other order than LyCORIS' (I + Q)
@@ -602,7 +612,7 @@ at::Tensor cayley(const at::Tensor& q) {
 // W'_k = R_kᵀ·W_k, so each block's Gram matrix W_kᵀ·W_k is kept.
 TEST(LoraFile, OftRotatesBlocksOfOutputRows) {
   at::manual_seed(4);
-  expect_rotations_merged(at::randn({4, 8, 8}) * 0.2, at::randn({8, 8, 8}), std::nullopt,
+  expect_rotations_merged("OFT", at::randn({4, 8, 8}) * 0.2, at::randn({8, 8, 8}), std::nullopt,
                           [](const at::Tensor& rows, const at::Tensor& q) {
                             const int64_t n = q.size(1);
                             at::Tensor out = rows.clone();
@@ -624,7 +634,7 @@ TEST(LoraFile, BoftRotatesTheOutputRowsByButterflyFactors) {
   at::manual_seed(5);
   // 32 rows: two factors of four 8x8 blocks; 64 rows: three factors of sixteen 4x4 blocks.
   expect_rotations_merged(
-      at::randn({2, 4, 8, 8}) * 0.2, at::randn({3, 16, 4, 4}), 1 + at::randn({64, 1, 1, 1}) * 0.1,
+      "BOFT", at::randn({2, 4, 8, 8}) * 0.2, at::randn({3, 16, 4, 4}), 1 + at::randn({64, 1, 1, 1}) * 0.1,
       [](const at::Tensor& rows, const at::Tensor& q) {
         const int64_t b = q.size(2), out = rows.size(0);
         at::Tensor turned = rows.clone();
@@ -644,6 +654,29 @@ TEST(LoraFile, BoftRotatesTheOutputRowsByButterflyFactors) {
         EXPECT_TRUE(at::allclose(at::mm(turned.t(), turned), at::mm(rows.t(), rows), 1e-9));
         return turned;
       });
+}
+
+// LyCORIS' early OFT by what it saved: oft_diag [k, n, n] holds the rotations R themselves (a rescale folded in, so
+// not orthogonal), each block of n output rows turned to R_kᵀ·W_k; an alpha (the constraint, applied before saving)
+// changes nothing. Merged at --lora_scale 0.7, W + 0.7·(W' − W).
+TEST(LoraFile, EarlyOftAppliesItsStoredRotations) {
+  sd::test::TempDir dir;
+  at::manual_seed(7);
+  const std::string &linear = kLinearStem, &conv = kConv3x3Stem;
+  const io::TensorMap t = {{linear + ".oft_diag", at::eye(8).expand({4, 8, 8}) + at::randn({4, 8, 8}) * 0.1},
+                           {conv + ".oft_diag", at::eye(8).expand({8, 8, 8}) + at::randn({8, 8, 8}) * 0.1},
+                           {conv + ".alpha", at::scalar_tensor(1e-2)}};
+  StableDiffusion base = load_tiny(), partial = with_lora_file(t, dir.path() / "oft_diag.safetensors", 0.7);
+  for (const auto& [module, stem] : {std::pair{kLinearModule, linear}, std::pair{kConv3x3Module, conv}}) {
+    SCOPED_TRACE(module);
+    const at::Tensor w = layer_weight(base, LoraComponent::kUNet, module),
+                     w07 = layer_weight(partial, LoraComponent::kUNet, module);
+    const at::Tensor r = t.at(stem + ".oft_diag"), rows = w.reshape({w.size(0), -1});
+    at::Tensor expected = rows.clone();
+    for (int64_t k = 0; k < r.size(0); ++k)
+      expected.slice(0, k * 8, (k + 1) * 8).copy_(at::mm(r[k].t(), rows.slice(0, k * 8, (k + 1) * 8)));
+    EXPECT_TRUE(at::allclose(w07, w + (expected.reshape(w.sizes()) - w) * 0.7, 1e-4, 1e-6));
+  }
 }
 
 // GLoRA (LyCORIS' glora) by its definition, ΔW = (W·(a1·a2) + b1·b2) · alpha / rank: the layer's input channels
