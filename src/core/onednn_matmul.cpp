@@ -161,19 +161,34 @@ at::Tensor as_bf16(const at::Tensor& t) {
 // in its reference kernel, 1000x slower).
 enum class Bias { kAlongRows, kDownColumns };
 
+// a·b (+ bias_bf16, as `where` says) written to the row-major [a.rows, b.cols] at c, b read from b_data (a sample
+// of b.tensor, or all of it).
+void multiply_into(const Operand& a, const Operand& b, const void* b_data, const at::Tensor& bias_bf16, Bias where,
+                   c10::BFloat16* c) {
+  const int64_t m = a.rows, k = a.cols, n = b.cols;
+  const auto as = *matrix_strides(a), bs = *matrix_strides(b);
+  const bool along_rows = bias_bf16.defined() && where == Bias::kAlongRows;
+  const bool onto_bias = bias_bf16.defined() && where == Bias::kDownColumns;
+  if (onto_bias) {  // filled here, not by a broadcast copy: four dispatched ops per product for tiny models
+    const c10::BFloat16* values = bias_bf16.data_ptr<c10::BFloat16>();
+    for (int64_t row = 0; row < m; ++row) std::fill_n(c + row * n, n, values[row]);
+  }
+  run(matmul_for({m, n, k, as[0], as[1], bs[0], bs[1], n, along_rows, false, onto_bias, 1.f}), a.tensor.data_ptr(),
+      b_data, along_rows ? bias_bf16.data_ptr() : nullptr, c);
+}
+
 at::Tensor product(const Operand& a, const Operand& b, const at::Tensor& bias, Bias where = Bias::kAlongRows) {
   // What at::mm would show the profiler (perf/op_profiler.h: the linear class and its FLOPs), with b as given and
   // whether that is its transpose.
   RECORD_USER_SCOPE_WITH_INPUTS("sdtrain::mm", std::vector<c10::IValue>({a.tensor, b.tensor, b.is_transposed}));
-  const int64_t m = a.rows, k = a.cols, n = b.cols;
-  const auto as = *matrix_strides(a), bs = *matrix_strides(b);
-  const at::Tensor bias_bf16 = bias.defined() ? as_bf16(bias) : bias;
-  const bool along_rows = bias.defined() && where == Bias::kAlongRows;
-  const bool onto_bias = bias.defined() && where == Bias::kDownColumns;
-  at::Tensor c = onto_bias ? bias_bf16.unsqueeze(1).expand({m, n}).contiguous() : at::empty({m, n}, a.tensor.options());
-  run(matmul_for({m, n, k, as[0], as[1], bs[0], bs[1], n, along_rows, false, onto_bias, 1.f}), a.tensor.data_ptr(),
-      b.tensor.data_ptr(), along_rows ? bias_bf16.data_ptr() : nullptr, c.data_ptr());
+  at::Tensor c = at::empty({a.rows, b.cols}, a.tensor.options());
+  multiply_into(a, b, b.tensor.data_ptr(), bias.defined() ? as_bf16(bias) : bias, where, c.data_ptr<c10::BFloat16>());
   return c;
+}
+
+// A sample of t [S, R, C] as a product reads it, or t itself when it is a matrix.
+Operand matrix_of(const at::Tensor& t) {
+  return t.dim() == 3 ? Operand{t, false, t.size(1), t.size(2), t.stride(1), t.stride(2)} : as_is(t);
 }
 
 }  // namespace
@@ -190,6 +205,27 @@ at::Tensor onednn_addmm(const at::Tensor& bias, const at::Tensor& a, const at::T
   SD_CHECK(bias.dim() == 1 && bias.size(0) == a.size(0), "onednn_addmm: expected a bias of {} values, got [{}]",
            a.size(0), fmt::join(bias.sizes(), ", "));
   return product(as_is(a), as_is(b), bias, Bias::kDownColumns);
+}
+
+bool onednn_per_sample_fits(const at::Tensor& a, const at::Tensor& b) {
+  const auto bf16_cpu = [](const at::Tensor& t) { return t.scalar_type() == at::kBFloat16 && t.is_cpu(); };
+  return bf16_cpu(a) && bf16_cpu(b) && std::min(a.dim(), b.dim()) == 2 && a.dim() + b.dim() == 5 && b.size(-1) > 1 &&
+         product_fits(matrix_of(a), matrix_of(b));
+}
+
+at::Tensor onednn_addmm_per_sample(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b) {
+  SD_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == a.size(0)),
+           "onednn_addmm_per_sample: expected a bias of {} values, got [{}]", a.size(0), fmt::join(bias.sizes(), ", "));
+  // One scope for the batch (perf/op_profiler.cpp counts b [S, K, N] as S·N columns).
+  RECORD_USER_SCOPE_WITH_INPUTS("sdtrain::mm", std::vector<c10::IValue>({a, b, false}));
+  const int64_t samples = b.size(0), m = a.size(0), n = b.size(2);
+  at::Tensor c = at::empty({samples, m, n}, a.options());
+  const at::Tensor bias_bf16 = bias.defined() ? as_bf16(bias) : bias;
+  const Operand w = as_is(a), x = matrix_of(b);
+  for (int64_t s = 0; s < samples; ++s)
+    multiply_into(w, x, b.data_ptr<c10::BFloat16>() + s * b.stride(0), bias_bf16, Bias::kDownColumns,
+                  c.data_ptr<c10::BFloat16>() + s * m * n);
+  return c;
 }
 
 bool onednn_linear_fits(const at::Tensor& x, const at::Tensor& weight) {
@@ -218,8 +254,9 @@ PackedMatrix::~PackedMatrix() = default;
 
 at::Tensor PackedMatrix::times(const at::Tensor& a, const at::Tensor& b) {
   RECORD_USER_SCOPE_WITH_INPUTS("sdtrain::mm", std::vector<c10::IValue>({a, b, false}));
-  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
-  const auto as = *matrix_strides(as_is(a)), bs = *matrix_strides(as_is(b));
+  const bool per_sample = a.dim() == 3;
+  const int64_t samples = per_sample ? a.size(0) : 1, m = a.size(-2), k = a.size(-1), n = b.size(1);
+  const auto as = *matrix_strides(matrix_of(a)), bs = *matrix_strides(as_is(b));
   const Matmul& mm = matmul_for({m, n, k, as[0], as[1], 0, 0, n, false, false, false, 1.f, /*packed_b=*/true});
   if (!packing_ || !packing_->holds(b, bs, mm.b)) {
     at::NoGradGuard no_grad;
@@ -231,8 +268,10 @@ at::Tensor PackedMatrix::times(const at::Tensor& a, const at::Tensor& b) {
     dnnl::reorder(plain, packed).execute(cpu_stream(), plain, packed);
     packing_ = std::move(packing);
   }
-  at::Tensor c = at::empty({m, n}, a.options());
-  run(mm, a.data_ptr(), packing_->bytes.data_ptr(), nullptr, c.data_ptr());
+  at::Tensor c = per_sample ? at::empty({samples, m, n}, a.options()) : at::empty({m, n}, a.options());
+  for (int64_t s = 0; s < samples; ++s)
+    run(mm, a.data_ptr<c10::BFloat16>() + s * (per_sample ? a.stride(0) : 0), packing_->bytes.data_ptr(), nullptr,
+        c.data_ptr<c10::BFloat16>() + s * m * n);
   return c;
 }
 

@@ -25,6 +25,16 @@ at::Tensor onednn_matmul(const at::Tensor& a, const at::Tensor& b, const at::Ten
 // its columns, plus its bias. The operands must fit (onednn_matmul_fits).
 at::Tensor onednn_addmm(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b);
 
+// Whether the products of each sample take a and b, one of them a batch [S, ., .] and the other a matrix: as
+// onednn_matmul_fits takes a sample and the matrix, with two columns or more. onednn_addmm_per_sample's a [M, K] and
+// b [S, K, N]; PackedMatrix::times' a [S, M, K] and b [K, N].
+bool onednn_per_sample_fits(const at::Tensor& a, const at::Tensor& b);
+
+// onednn_addmm(bias, a, b[s]) for each sample s of b [S, K, N], written to the new [S, M, N]: a GEMM convolution's
+// weight times each image's columns, landing as the layer's maps, where one product over the batch's [K, S·N]
+// columns needs a copy into that matrix and another out of it.
+at::Tensor onednn_addmm_per_sample(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b);
+
 // The same for a linear layer's x·weightᵀ + bias, x [M, K] and weight [N, K], without building weight's transposed
 // view: onednn_linear(x, w, bias) is onednn_matmul(x, w.t(), bias).
 bool onednn_linear_fits(const at::Tensor& x, const at::Tensor& weight);
@@ -44,9 +54,10 @@ class PackedMatrix {
   PackedMatrix(const PackedMatrix&) = delete;
   PackedMatrix& operator=(const PackedMatrix&) = delete;
 
-  // a·b, as onednn_matmul(a, b) computes it; the operands must fit (onednn_matmul_fits). b is packed on the first
-  // call and again when it has changed since (another storage or layout, or written in place, which bumps its
-  // version: b must change only through LibTorch) or the product asks for another blocking.
+  // a·b, as onednn_matmul(a, b) computes it, for a [M, K] (the operands fit onednn_matmul_fits), or a[s]·b for
+  // each sample of a [S, M, K] into [S, M, N] (they fit onednn_per_sample_fits). b is packed on the first call and
+  // again when it has changed since (another storage or layout, or written in place, which bumps its version: b
+  // must change only through LibTorch) or the product asks for another blocking.
   at::Tensor times(const at::Tensor& a, const at::Tensor& b);
   // The packed copy's size (0 before the first product).
   int64_t bytes() const;

@@ -25,10 +25,13 @@ int64_t output_size(int64_t in, int64_t kernel, int64_t stride, int64_t padding)
 // bf16 runs in a oneDNN primitive kept per shape (core/onednn_matmul.h), with at::addmm's bits but without its
 // per-call overhead, which dominates the many small GEMMs of tiny models (a single pixel stays with at::addmm, whose
 // bits there depend on layouts).
+bool recorded(const at::Tensor& w, const at::Tensor& x, const at::Tensor& bias) {
+  return at::GradMode::is_enabled() &&
+         (w.requires_grad() || x.requires_grad() || (bias.defined() && bias.requires_grad()));
+}
+
 at::Tensor affine(const at::Tensor& w, const at::Tensor& x, const at::Tensor& bias) {
-  const bool recorded = at::GradMode::is_enabled() &&
-                        (w.requires_grad() || x.requires_grad() || (bias.defined() && bias.requires_grad()));
-  if (!recorded && x.size(1) > 1 && onednn_matmul_fits(w, x))
+  if (!recorded(w, x, bias) && x.size(1) > 1 && onednn_matmul_fits(w, x))
     return bias.defined() ? onednn_addmm(bias, w, x) : onednn_matmul(w, x);
   return bias.defined() ? at::addmm(bias.unsqueeze(1), w, x) : at::mm(w, x);
 }
@@ -45,12 +48,26 @@ at::Tensor as_maps(const at::Tensor& product, int64_t n, int64_t oh, int64_t ow)
   return product.view({product.size(0), n, oh, ow}).transpose(0, 1).contiguous();
 }
 
+// The layer's output maps [N, Cout, H', W'] from its patch columns (as columns_as_matrix takes them), w and bias.
+// Outside autograd, each image's product runs alone in oneDNN where it fits, reading its columns and writing its
+// maps in place: one product over the batch needs columns_as_matrix's copy and as_maps' (for tiny models, their
+// eight dispatched ops per layer outweighed the larger product).
+at::Tensor convolve_columns(const at::Tensor& w, const at::Tensor& columns, const at::Tensor& bias, int64_t oh,
+                            int64_t ow) {
+  const at::Tensor per_sample = columns.flatten(2);
+  if (!recorded(w, columns, bias) && onednn_per_sample_fits(w, per_sample))
+    return onednn_addmm_per_sample(bias, w, per_sample).view({columns.size(0), w.size(0), oh, ow});
+  return as_maps(affine(w, columns_as_matrix(columns), bias), columns.size(0), oh, ow);
+}
+
 // The convolution of patch columns (as columns_as_matrix takes them) by a frozen weight w [Cout, Cin·kh·kw] and bias:
 // the backward computes only the columns' gradient, through the layer's FrozenWeight. Being outside autograd, the
 // forward product runs in a kept oneDNN primitive. (Computed as its transpose, (xᵀ·wᵀ + bias)ᵀ, where oneDNN adds the
 // bias itself, it ran 20-40% slower on SD-1.5's 4x4 and 8x8 maps and rounded differently there.) The node reshapes
 // between columns, matrix and maps itself: done outside, they recorded six autograd nodes per layer (two transposes,
 // two copies, two views), which with their backward ops made ~680 of tiny-sd1's ~9,700 ops a textual-inversion step.
+// Both products run per image (convolve_columns, FrozenWeight::columns_gradient), which took the copies and their
+// ops out too: 8,999 -> 7,102 ops a step.
 struct FrozenGemm : torch::autograd::Function<FrozenGemm> {
   // (An undefined tensor cannot be a Function's input, so a layer without bias passes none.)
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& columns, const at::Tensor& w,
@@ -59,16 +76,13 @@ struct FrozenGemm : torch::autograd::Function<FrozenGemm> {
     ctx->saved_data["w"] = w;
     ctx->saved_data["frozen"] = c10::IValue::make_capsule(frozen);
     ctx->saved_data["columns_sizes"] = columns.sizes();
-    return as_maps(affine(w, columns_as_matrix(columns), bias.value_or(at::Tensor())), columns.size(0), oh, ow);
+    return convolve_columns(w, columns, bias.value_or(at::Tensor()), oh, ow);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  const torch::autograd::variable_list& grads) {
     const auto frozen = c10::static_intrusive_pointer_cast<FrozenWeight>(ctx->saved_data["frozen"].toCapsule());
     const at::Tensor& dy = grads[0];  // [N, Cout, H', W']
-    const int64_t n = dy.size(0), cout = dy.size(1);
-    const at::Tensor d_matrix =
-        frozen->input_gradient(ctx->saved_data["w"].toTensor(), dy.transpose(0, 1).reshape({cout, -1}));
-    const at::Tensor d_columns = d_matrix.reshape({d_matrix.size(0), n, -1}).transpose(0, 1);
+    const at::Tensor d_columns = frozen->columns_gradient(ctx->saved_data["w"].toTensor(), dy.flatten(2));
     return {d_columns.reshape(ctx->saved_data["columns_sizes"].toIntVector()),
             at::Tensor(),
             at::Tensor(),
@@ -109,16 +123,20 @@ struct TransposedInputGradientGemm : torch::autograd::Function<TransposedInputGr
 
 }  // namespace
 
-at::Tensor FrozenWeight::input_gradient(const at::Tensor& w, const at::Tensor& dy) {
-  const at::Tensor dy_t = dy.t();
-  if (onednn_matmul_fits(dy_t, w)) return packed_.times(dy_t, w).t();
+at::Tensor FrozenWeight::columns_gradient(const at::Tensor& w, const at::Tensor& dy) {
+  // Each image's (dY_sᵀ·w)ᵀ from the packed w, dY_sᵀ a view: one product over the batch's [Cout, N·H'·W'] needs a
+  // copy into that matrix first.
+  const at::Tensor dy_t = dy.transpose(1, 2);
+  if (onednn_per_sample_fits(dy_t, w)) return packed_.times(dy_t, w).transpose(1, 2);
   if (!transposed_.defined() || !w.storage().is_alias_of(source_) || source_version_ != w._version()) {
     at::NoGradGuard no_grad;
     transposed_ = w.t().contiguous();
     source_ = w.storage();
     source_version_ = w._version();
   }
-  return sd::mm(transposed_, dy);
+  const int64_t n = dy.size(0), cout = dy.size(1);
+  const at::Tensor d_matrix = sd::mm(transposed_, dy.transpose(0, 1).reshape({cout, -1}));  // [Cin·kh·kw, N·H'·W']
+  return d_matrix.view({d_matrix.size(0), n, -1}).transpose(0, 1);
 }
 
 int64_t FrozenWeight::bytes() const {
@@ -137,10 +155,9 @@ at::Tensor conv2d_as_gemm(const at::Tensor& x, const at::Tensor& weight, const a
   const at::Tensor w = weight.reshape({cout, -1});
   const c10::optional<at::Tensor> maybe_bias = bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt;
   if (frozen) return FrozenGemm::apply(columns, w, maybe_bias, frozen, oh, ow);
-  const at::Tensor flat = columns_as_matrix(columns);
   if (x.scalar_type() == at::kFloat && oh * ow <= kMostPixelsTransposedInputGradient)
-    return as_maps(TransposedInputGradientGemm::apply(flat, w, maybe_bias), n, oh, ow);
-  return as_maps(affine(w, flat, bias), n, oh, ow);
+    return as_maps(TransposedInputGradientGemm::apply(columns_as_matrix(columns), w, maybe_bias), n, oh, ow);
+  return convolve_columns(w, columns, bias, oh, ow);
 }
 
 bool conv2d_runs_as_gemm(const at::Tensor& x, const at::Tensor& weight, at::IntArrayRef stride,

@@ -21,8 +21,9 @@ namespace sd::models {
 // Held by its layer and by the autograd graph until the backward has run (hence reference-counted).
 class FrozenWeight : public torch::CustomClassHolder {
  public:
-  // wᵀ·dY for the flattened weight w [Cout, Cin·kh·kw] (a view of the layer's weight) and dY [Cout, N·H'·W'].
-  at::Tensor input_gradient(const at::Tensor& w, const at::Tensor& dy);
+  // The patch columns' gradient [N, Cin·kh·kw, H'·W'], wᵀ·dY_s for each image s, from the flattened weight w
+  // [Cout, Cin·kh·kw] (a view of the layer's weight) and the output maps' gradient dy [N, Cout, H'·W'].
+  at::Tensor columns_gradient(const at::Tensor& w, const at::Tensor& dy);
   int64_t bytes() const;
 
  private:

@@ -125,6 +125,35 @@ TEST(PackedMatrix, RepacksWhenItsMatrixChanges) {
   EXPECT_TRUE(at::equal(packed.times(a, storage[1]), at::mm(a, storage[1])));
 }
 
+// The products per sample are each sample's own product, to the bit: onednn_addmm_per_sample's w·b[s] + bias (b's
+// samples row-major, as a convolution's patch columns, or column-major) and PackedMatrix::times' a[s]·b (a's samples
+// column-major, as the transposed maps' gradients the backward of a frozen convolution multiplies).
+TEST(OnednnMatmul, ProductsPerSampleAreEachSamplesProduct) {
+  if (!cpu_runs_bf16_in_onednn()) GTEST_SKIP() << "this CPU runs bf16 outside oneDNN";
+  at::manual_seed(9);
+  const at::Tensor w = at::randn({48, 72}).to(at::kBFloat16), bias = at::randn({48}).to(at::kBFloat16);
+  const at::Tensor columns = at::randn({3, 72, 20}).to(at::kBFloat16),
+                   column_major = at::randn({3, 20, 72}).to(at::kBFloat16).transpose(1, 2);
+  for (const at::Tensor& b : {columns, column_major}) {
+    ASSERT_TRUE(onednn_per_sample_fits(w, b));
+    const at::Tensor with_bias = onednn_addmm_per_sample(bias, w, b), without = onednn_addmm_per_sample({}, w, b);
+    ASSERT_EQ(with_bias.sizes(), (at::IntArrayRef{3, 48, 20}));
+    for (int64_t s = 0; s < 3; ++s) {
+      EXPECT_TRUE(at::equal(with_bias[s], onednn_addmm(bias, w, b[s])));
+      EXPECT_TRUE(at::equal(without[s], onednn_matmul(w, b[s])));
+    }
+  }
+  const at::Tensor maps_gradient = at::randn({3, 48, 20}).to(at::kBFloat16).transpose(1, 2);  // [3, 20, 48]
+  ASSERT_TRUE(onednn_per_sample_fits(maps_gradient, w));
+  PackedMatrix packed;
+  const at::Tensor got = packed.times(maps_gradient, w);
+  ASSERT_EQ(got.sizes(), (at::IntArrayRef{3, 20, 72}));
+  for (int64_t s = 0; s < 3; ++s) EXPECT_TRUE(at::equal(got[s], at::mm(maps_gradient[s], w)));
+  EXPECT_FALSE(onednn_per_sample_fits(w, columns.slice(2, 0, 1)));  // one column
+  EXPECT_FALSE(onednn_per_sample_fits(w, columns[0]));              // two matrices
+  EXPECT_FALSE(onednn_per_sample_fits(w, columns.to(at::kFloat)));
+}
+
 // A row-major matrix of `rows` x `cols` bf16 values stored with `pad` more values per row, and op(X) of it.
 struct Stored {
   at::Tensor storage, op;
