@@ -21,15 +21,16 @@ int64_t output_size(int64_t in, int64_t kernel, int64_t stride, int64_t padding)
   return (in + 2 * padding - kernel) / stride + 1;
 }
 
-// w·x + bias (bias [rows] or undefined). Where autograd records nothing (inference, or inside a Function's forward),
-// bf16 runs in a oneDNN primitive kept per shape (core/onednn_matmul.h), with at::addmm's bits but without its
-// per-call overhead, which dominates the many small GEMMs of tiny models (a single pixel stays with at::addmm, whose
-// bits there depend on layouts).
+// Whether autograd records a product of these operands.
 bool recorded(const at::Tensor& w, const at::Tensor& x, const at::Tensor& bias) {
   return at::GradMode::is_enabled() &&
          (w.requires_grad() || x.requires_grad() || (bias.defined() && bias.requires_grad()));
 }
 
+// w·x + bias (bias [rows] or undefined). Where autograd records nothing (inference, or inside a Function's forward),
+// bf16 runs in a oneDNN primitive kept per shape (core/onednn_matmul.h), with at::addmm's bits but without its
+// per-call overhead, which dominates the many small GEMMs of tiny models (a single pixel stays with at::addmm, whose
+// bits there depend on layouts).
 at::Tensor affine(const at::Tensor& w, const at::Tensor& x, const at::Tensor& bias) {
   if (!recorded(w, x, bias) && x.size(1) > 1 && onednn_matmul_fits(w, x))
     return bias.defined() ? onednn_addmm(bias, w, x) : onednn_matmul(w, x);
