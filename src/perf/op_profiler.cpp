@@ -71,8 +71,8 @@ int64_t op_flops(const at::RecordFunction& fn) {
   }
   if ((name == "aten::mm" || name == "aten::addmm" || name == "sdtrain::mm") && inputs.size() >= 2) {
     const size_t a = name == "aten::addmm" ? 1 : 0;
-    // sdtrain::mm's third input says whether b is given as its transpose (a linear layer's weight).
-    // sdtrain::mm's a [S, M, K] or b [S, K, N] is a batch of samples, each multiplied alone.
+    // sdtrain::mm's third input says whether b is given as its transpose (a linear layer's weight); its a [S, M, K]
+    // or b [S, K, N] is a batch of samples, each multiplied alone.
     const bool b_transposed = name == "sdtrain::mm" && inputs.size() >= 3 && inputs[2].toBool();
     const auto as = sizes(a), bs = sizes(a + 1);
     const int64_t samples = as.size() == 3 ? as[0] : bs.size() == 3 ? bs[0] : 1;
