@@ -51,7 +51,7 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
     }
     variable_list outputs;
     {
-      torch::AutoGradMode enable(true);
+      at::AutoGradMode enable(true);
       outputs = fn(inputs);
     }
 
@@ -85,7 +85,7 @@ TensorList checkpoint(const BlockFunction& fn, const TensorList& inputs, const T
   bool any_grad = false;
   for (const auto& t : inputs) any_grad |= t.defined() && t.requires_grad();
   for (const auto& t : params) any_grad |= t.requires_grad();
-  if (!torch::GradMode::is_enabled() || !any_grad) return fn(inputs);
+  if (!at::GradMode::is_enabled() || !any_grad) return fn(inputs);
   // Autograd nodes cannot take undefined tensors (an absent context, say): pass the defined inputs only and put
   // the undefined ones back in place for fn.
   std::vector<bool> defined;

@@ -1,6 +1,7 @@
 // Which weight files a component folder loads, as diffusers 0.24 / transformers 4.35 pick them: safetensors before
 // .bin, variants (fp16) with the per-component fallback, sharded checkpoints (*.index.json) of either format.
 #include <gtest/gtest.h>
+#include <torch/nn/modules/linear.h>
 #include <torch/serialize.h>
 
 #include <fstream>

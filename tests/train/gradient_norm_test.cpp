@@ -1,5 +1,6 @@
 #include "train/gradient_norm.h"
 
+#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
