@@ -9,6 +9,9 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <vector>
+
+#include "core/cpu_features.h"
 
 namespace sd::test {
 
@@ -127,6 +130,19 @@ class ScopedEnv {
  private:
   std::string name_;
   std::optional<std::string> before_;
+};
+
+// The vector widths this CPU runs sdtrain's own kernels (core/simd.h) at: AVX2's 256 bits always, AVX-512's 512
+// where it has AVX-512F.
+inline std::vector<int> vector_widths() {
+  return sd::kernel_vector_bits() == 512 ? std::vector<int>{256, 512} : std::vector<int>{256};
+}
+
+// Runs the kernels at `bits` while alive, then at the width they had.
+struct VectorWidth {
+  const int before = sd::kernel_vector_bits();
+  explicit VectorWidth(int bits) { sd::set_kernel_vector_bits(bits); }
+  ~VectorWidth() { sd::set_kernel_vector_bits(before); }
 };
 
 }  // namespace sd::test

@@ -21,7 +21,7 @@ bool cpu_has_fast_bf16();
 // Whether the CPU has AVX2 and FMA, which sdtrain's own vector kernels (core/simd.h) need at least.
 bool cpu_has_avx2_fma();
 
-// The widest vectors sdtrain's own attention kernels use: 512 bits on a CPU with AVX-512F (twice the floats per
+// The widest vectors sdtrain's own kernels (core/simd.h) use: 512 bits on a CPU with AVX-512F (twice the floats per
 // instruction), else 256 (AVX2). Setting 256 runs the AVX2 kernels on any CPU, so that tests check both widths; 512
 // needs AVX-512F.
 int kernel_vector_bits();

@@ -1,4 +1,4 @@
-// Vector operations on float32 (loading and storing bf16 too) for sdtrain's own kernels (the attention kernels), once
+// Vector operations on float32 (loading and storing bf16 too) for sdtrain's own kernels (attention, norms, AdamW), once
 // per instruction set: AVX2's eight lanes in sd::simd::avx2 and AVX-512's sixteen in sd::simd::avx512. A kernel
 // written once against these names (`Vec`, `kLanes`, load, store, exp, ...) is compiled for each set by
 // core/simd_each_width.inl, which includes it between SD_BEGIN_AVX2 (or SD_BEGIN_AVX512) and SD_END_TARGET in a
@@ -59,6 +59,18 @@ SD_INLINE Vec div(Vec a, Vec b) { return _mm256_div_ps(a, b); }
 SD_INLINE Vec fmadd(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
 SD_INLINE Vec fnmadd(Vec a, Vec b, Vec c) { return _mm256_fnmadd_ps(a, b, c); }
 SD_INLINE Vec max(Vec a, Vec b) { return _mm256_max_ps(a, b); }
+SD_INLINE Vec sqrt(Vec x) { return _mm256_sqrt_ps(x); }
+// x as rounded where it was computed: GCC (GNU mode, -ffp-contract=fast) fuses a product into a following add or
+// subtract, one rounding instead of the two a reference computing op by op makes; this keeps them apart.
+SD_INLINE Vec kept_rounded(Vec x) {
+  asm("" : "+x"(x));
+  return x;
+}
+// x with its NaN lanes the quiet NaN 0x7FC00000, which a bf16 store rounds to 0x7FC0 as c10::BFloat16 does (a NaN
+// whose low payload is all ones would otherwise carry into the sign).
+SD_INLINE Vec canonical_nans(Vec x) {
+  return _mm256_blendv_ps(x, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000)), _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
 // Per lane: `negative` where x < 0, else `otherwise` (-0 and NaN take `otherwise`).
 SD_INLINE Vec select_where_negative(Vec x, Vec negative, Vec otherwise) {
   return _mm256_blendv_ps(otherwise, negative, _mm256_cmp_ps(x, zero(), _CMP_LT_OQ));
@@ -123,6 +135,13 @@ SD_INLINE void store(uint16_t* p, Vec x) {
   const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(high, high), 0b1000);  // packs per 128 bits
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
 }
+// As store(), with a non-temporal store (p aligned to kLanes · 2 bytes): for an array only written, whose cache lines
+// need not be read first.
+SD_INLINE void store_streaming(uint16_t* p, Vec x) {
+  const __m256i high = _mm256_srli_epi32(_mm256_castps_si256(round_to_bf16(x)), 16);
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(high, high), 0b1000);
+  _mm_stream_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+}
 SD_INLINE Vec load_first(const uint16_t* p, int64_t count, float fill) {
   uint16_t lanes[kLanes] = {};
   std::memcpy(lanes, p, count * sizeof(uint16_t));
@@ -154,6 +173,15 @@ SD_INLINE Vec div(Vec a, Vec b) { return _mm512_div_ps(a, b); }
 SD_INLINE Vec fmadd(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
 SD_INLINE Vec fnmadd(Vec a, Vec b, Vec c) { return _mm512_fnmadd_ps(a, b, c); }
 SD_INLINE Vec max(Vec a, Vec b) { return _mm512_max_ps(a, b); }
+SD_INLINE Vec sqrt(Vec x) { return _mm512_sqrt_ps(x); }
+SD_INLINE Vec kept_rounded(Vec x) {
+  asm("" : "+v"(x));
+  return x;
+}
+SD_INLINE Vec canonical_nans(Vec x) {
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x,
+                              _mm512_castsi512_ps(_mm512_set1_epi32(0x7FC00000)));
+}
 SD_INLINE Vec select_where_negative(Vec x, Vec negative, Vec otherwise) {
   return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, zero(), _CMP_LT_OQ), otherwise, negative);
 }
@@ -208,6 +236,10 @@ SD_INLINE Vec load(const uint16_t* p) {
 SD_INLINE void store(uint16_t* p, Vec x) {
   const __m512i high = _mm512_srli_epi32(_mm512_castps_si512(round_to_bf16(x)), 16);
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(high));
+}
+SD_INLINE void store_streaming(uint16_t* p, Vec x) {
+  const __m512i high = _mm512_srli_epi32(_mm512_castps_si512(round_to_bf16(x)), 16);
+  _mm256_stream_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(high));
 }
 SD_INLINE Vec load_first(const uint16_t* p, int64_t count, float fill) {
   uint16_t lanes[kLanes] = {};

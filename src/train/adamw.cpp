@@ -1,13 +1,14 @@
 #include "train/adamw.h"
 
 #include <ATen/core/grad_mode.h>
-#include <immintrin.h>
-
 #include <cmath>
+#include <cstdint>
 
-#include "core/bf16_avx2.h"
+#include "core/cpu_features.h"
 #include "core/error.h"
+#include "core/kernel_call.h"
 #include "core/parallel.h"
+#include "core/simd.h"
 
 namespace sd::train {
 
@@ -32,104 +33,45 @@ struct AdamWCoefficients {
   float grad_scale, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, sqrt_bias_correction2, eps, neg_step_size;
 };
 
-// Gradients arrive in float32 or, straight from a bf16 backward with nothing to sum, in bf16 (widened exactly).
-template <typename Grad>
-float update_one(float& p, Grad g_raw, float& m, float& v, const AdamWCoefficients& c) {
-  const float g = static_cast<float>(g_raw) * c.grad_scale;
-  const float param = p * c.decay;
-  m = m * c.beta1 + c.one_minus_beta1 * g;
-  v = v * c.beta2 + c.one_minus_beta2 * g * g;
-  return p = param + c.neg_step_size * (m / (std::sqrt(v) / c.sqrt_bias_correction2 + c.eps));
-}
-
-__attribute__((target("avx2,fma"))) __m256 load8(const float* g) { return _mm256_loadu_ps(g); }
-__attribute__((target("avx2,fma"))) __m256 load8(const c10::BFloat16* g) { return load8_bf16(g); }
-
-// Rounds to bf16 as c10::BFloat16(float) does: to nearest, ties to even; NaN becomes 0x7FC0. `stream`: a
-// non-temporal store, which needs `out` 16-byte aligned.
-__attribute__((target("avx2,fma"))) void store8_rounded(c10::BFloat16* out, __m256 x, bool stream) {
-  const __m256i bits = _mm256_castps_si256(x);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-  const __m256i rounded =
-      _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
-  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
-  const __m256i halves = _mm256_blendv_epi8(rounded, _mm256_set1_epi32(0x7FC0), nan);
-  // Pack the eight 32-bit lanes' low halves into eight consecutive 16-bit values.
-  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(halves, halves), 0xD8);
-  if (stream)
-    _mm_stream_si128(reinterpret_cast<__m128i*>(out), _mm256_castsi256_si128(packed));
-  else
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm256_castsi256_si128(packed));
-}
-
 // One range's pointers into what the pass writes besides p, m and v; null where the step does not write it.
 struct RangeFollowers {
-  c10::BFloat16* rounded;
+  uint16_t* rounded;  // bf16 bits
   float* shadow;
   float one_minus_decay;
 };
 
-// The EMA's shadow -= (shadow - p) * (1 - decay) with a rounding after the product, as torch computes it: the empty
-// asm keeps GCC (whose GNU mode contracts a*b - c where FMA is enabled) from fusing the product into the subtraction.
-__attribute__((target("avx2,fma"))) inline __m256 moved_towards(__m256 shadow, __m256 p, __m256 one_minus_decay) {
-  __m256 step = _mm256_mul_ps(_mm256_sub_ps(shadow, p), one_minus_decay);
-  asm("" : "+x"(step));
-  return _mm256_sub_ps(shadow, step);
-}
-inline float moved_towards(float shadow, float p, float one_minus_decay) {
-  float step = (shadow - p) * one_minus_decay;
-  asm("" : "+x"(step));
-  return shadow - step;
-}
+#define SD_KERNELS "train/adamw_rows.inl"
+#include "core/simd_each_width.inl"
+
+// The same update one element at a time, for CPUs without AVX2 (no fused multiply-adds, so the last bits may differ).
+float widened(float g) { return g; }
+float widened(uint16_t bits) { return static_cast<float>(c10::BFloat16(bits, c10::BFloat16::from_bits())); }
 
 template <typename Grad>
-void update_one_and_followers(float& p, Grad g, float& m, float& v, const AdamWCoefficients& c, const RangeFollowers& f,
-                              int64_t i) {
-  const float p_new = update_one(p, g, m, v, c);
-  if (f.rounded) f.rounded[i] = c10::BFloat16(p_new);
-  if (f.shadow) f.shadow[i] = moved_towards(f.shadow[i], p_new, f.one_minus_decay);
-}
-
-// Eight elements at a time with AVX2 (and its fused multiply-adds, as LibTorch's vector kernels use them); the
-// scalar form for the tail and for CPUs without AVX2.
-template <typename Grad>
-__attribute__((target("avx2,fma"))) void update_range_avx2(float* p, const Grad* g, float* m, float* v,
-                                                           const RangeFollowers& f, int64_t begin, int64_t end,
-                                                           const AdamWCoefficients& c) {
-  const __m256 grad_scale = _mm256_set1_ps(c.grad_scale), decay = _mm256_set1_ps(c.decay),
-               beta1 = _mm256_set1_ps(c.beta1), one_minus_beta1 = _mm256_set1_ps(c.one_minus_beta1),
-               beta2 = _mm256_set1_ps(c.beta2), one_minus_beta2 = _mm256_set1_ps(c.one_minus_beta2),
-               sqrt_bias_correction2 = _mm256_set1_ps(c.sqrt_bias_correction2), eps = _mm256_set1_ps(c.eps),
-               neg_step_size = _mm256_set1_ps(c.neg_step_size), ema_rate = _mm256_set1_ps(f.one_minus_decay);
-  int64_t i = begin;
-  // The rounded copy is only written (the next forward reads it from memory anyway): streaming stores spare the
-  // cache-line fills that ordinary stores make first, 2 of the pass's 30 bytes per parameter. They need 16-byte
-  // alignment, which a range keeps or lacks throughout at eight values a turn.
-  const bool stream = f.rounded && reinterpret_cast<uintptr_t>(f.rounded + i) % 16 == 0;
-  for (; i + 8 <= end; i += 8) {
-    const __m256 grad = _mm256_mul_ps(load8(g + i), grad_scale);
-    const __m256 param = _mm256_mul_ps(_mm256_loadu_ps(p + i), decay);
-    const __m256 m_new = _mm256_fmadd_ps(grad, one_minus_beta1, _mm256_mul_ps(_mm256_loadu_ps(m + i), beta1));
-    const __m256 v_new =
-        _mm256_fmadd_ps(_mm256_mul_ps(grad, one_minus_beta2), grad, _mm256_mul_ps(_mm256_loadu_ps(v + i), beta2));
-    const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(v_new), sqrt_bias_correction2), eps);
-    const __m256 p_new = _mm256_fmadd_ps(neg_step_size, _mm256_div_ps(m_new, denom), param);
-    _mm256_storeu_ps(m + i, m_new);
-    _mm256_storeu_ps(v + i, v_new);
-    _mm256_storeu_ps(p + i, p_new);
-    if (f.rounded) store8_rounded(f.rounded + i, p_new, stream);
-    if (f.shadow) _mm256_storeu_ps(f.shadow + i, moved_towards(_mm256_loadu_ps(f.shadow + i), p_new, ema_rate));
+void adamw_range_scalar(float* p, const Grad* g, float* m, float* v, const RangeFollowers& f, int64_t begin,
+                        int64_t end, const AdamWCoefficients& c) {
+  for (int64_t i = begin; i < end; ++i) {
+    const float grad = widened(g[i]) * c.grad_scale;
+    const float param = p[i] * c.decay;
+    m[i] = m[i] * c.beta1 + c.one_minus_beta1 * grad;
+    v[i] = v[i] * c.beta2 + c.one_minus_beta2 * grad * grad;
+    p[i] = param + c.neg_step_size * (m[i] / (std::sqrt(v[i]) / c.sqrt_bias_correction2 + c.eps));
+    if (f.rounded) f.rounded[i] = c10::BFloat16(p[i]).x;
+    if (f.shadow) {
+      float step = (f.shadow[i] - p[i]) * f.one_minus_decay;
+      asm("" : "+x"(step));  // two roundings, as torch makes them, wherever the compiler could fuse them
+      f.shadow[i] -= step;
+    }
   }
-  if (stream) _mm_sfence();  // streaming stores are weakly ordered: done before the range's thread joins
-  for (; i < end; ++i) update_one_and_followers(p[i], g[i], m[i], v[i], c, f, i);
 }
 
 template <typename Grad>
 void update_range(float* p, const Grad* g, float* m, float* v, const RangeFollowers& f, int64_t begin, int64_t end,
                   const AdamWCoefficients& c) {
-  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  if (avx2) return update_range_avx2(p, g, m, v, f, begin, end, c);
-  for (int64_t i = begin; i < end; ++i) update_one_and_followers(p[i], g[i], m[i], v[i], c, f, i);
+  if (sd::cpu_has_avx2_fma())
+    SD_CALL_KERNEL(adamw_range, p, g, m, v, f, begin, end, c);
+  else
+    adamw_range_scalar(p, g, m, v, f, begin, end, c);
 }
 
 }  // namespace
@@ -217,13 +159,14 @@ void AdamW::step(const std::vector<at::Tensor>& params, const std::vector<FlatPi
       float* m = exp_avg_[i].data_ptr<float>() + piece.offset;
       float* v = exp_avg_sq_[i].data_ptr<float>() + piece.offset;
       const RangeFollowers f{
-          followers.rounded_copies.empty() ? nullptr
-                                           : followers.rounded_copies[i].data_ptr<c10::BFloat16>() + piece.offset,
+          followers.rounded_copies.empty()
+              ? nullptr
+              : reinterpret_cast<uint16_t*>(followers.rounded_copies[i].data_ptr<c10::BFloat16>()) + piece.offset,
           followers.ema_shadows.empty() ? nullptr : followers.ema_shadows[i].data_ptr<float>() + piece.offset,
           followers.ema_one_minus_decay};
       sd::parallel_for(0, g.numel(), 1 << 16, [&](int64_t begin, int64_t end) {
         if (g.scalar_type() == at::kBFloat16)
-          update_range(p, g.data_ptr<c10::BFloat16>(), m, v, f, begin, end, c);
+          update_range(p, sd::bf16_bits(g), m, v, f, begin, end, c);
         else
           update_range(p, g.data_ptr<float>(), m, v, f, begin, end, c);
       });

@@ -6,7 +6,6 @@
 
 #include <vector>
 
-#include "core/cpu_features.h"
 #include "model_test_util.h"
 #include "models/diffusers_blocks.h"
 
@@ -30,19 +29,6 @@ inline at::Tensor reference_attention(const at::Tensor& q, const at::Tensor& k, 
                                               /*upcast_softmax=*/false),
                      heads);
 }
-
-// The vector widths this CPU runs sdtrain's attention kernels at: AVX2's 256 bits always, AVX-512's 512 where it has
-// AVX-512F.
-inline std::vector<int> vector_widths() {
-  return sd::kernel_vector_bits() == 512 ? std::vector<int>{256, 512} : std::vector<int>{256};
-}
-
-// Runs the kernels at `bits` while alive, then at the width they had.
-struct VectorWidth {
-  const int before = sd::kernel_vector_bits();
-  explicit VectorWidth(int bits) { sd::set_kernel_vector_bits(bits); }
-  ~VectorWidth() { sd::set_kernel_vector_bits(before); }
-};
 
 // One attention problem: batch entries, heads, query and key tokens, channels per head.
 struct AttentionCase {

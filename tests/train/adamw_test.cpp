@@ -52,7 +52,7 @@ TEST(AdamW, StateRoundTripContinuesIdentically) {
 
 // A bf16 gradient is read exactly (the float32 path with the same values gives the same bits), and the bf16 copy
 // written in the same pass is what .to(bf16) makes of the new weights. Sizes cover several threads' chunks, the
-// eight-wide loop and its scalar tail.
+// vector loop and its masked tail.
 TEST(AdamW, Bf16GradientsAndTheRoundedCopyMatchTheFloat32Path) {
   at::manual_seed(0);
   for (const int64_t n : {int64_t{13}, int64_t{3 << 16} + 5}) {
@@ -71,8 +71,48 @@ TEST(AdamW, Bf16GradientsAndTheRoundedCopyMatchTheFloat32Path) {
   }
 }
 
+// Every value takes the same vector arithmetic at either vector width (and in a range's masked tail): the bits agree
+// across widths, bf16 copy and EMA included.
+TEST(AdamW, TheSameBitsAtEveryVectorWidth) {
+  if (test::vector_widths().size() < 2) GTEST_SKIP() << "this CPU runs one vector width";
+  at::manual_seed(4);
+  const int64_t n = (int64_t{1} << 16) + 13;
+  const at::Tensor start = at::randn({n});
+  std::vector<at::Tensor> results;
+  for (const int bits : test::vector_widths()) {
+    const test::VectorWidth width(bits);
+    at::manual_seed(5);
+    at::Tensor p = start.clone(), copy = at::zeros({n}, at::kBFloat16), shadow = start.clone();
+    AdamW adam({});
+    for (int i = 0; i < 3; ++i)
+      adam.step({p}, {at::randn({n}).to(at::kBFloat16)}, 1e-2, 0.5, rounded_into(copy, shadow));
+    for (const at::Tensor& t : {p, copy.to(at::kFloat), shadow, adam.exp_avg()[0], adam.exp_avg_sq()[0]})
+      results.push_back(t);
+  }
+  for (size_t i = 5; i < results.size(); ++i) EXPECT_TRUE(at::equal(results[i], results[i - 5])) << i;
+}
+
+// A NaN weight's bf16 copy is the NaN c10::BFloat16 makes, 0x7FC0, in the vector loop and the tail alike, whatever
+// the NaN's sign and payload (rounding 0x7FFFFFFF's bits as a number would carry into the sign and give -0).
+TEST(AdamW, ANanWeightsCopyIsTheCanonicalBf16Nan) {
+  for (const int bits : test::vector_widths()) {
+    const test::VectorWidth width(bits);
+    at::Tensor p = at::ones({21}), copy = at::zeros({21}, at::kBFloat16);
+    at::Tensor g_bits = at::full({21}, 0x3F800000, at::kInt);  // 1.0f
+    g_bits[2] = 0x7FFFFFFF;
+    g_bits[20] = static_cast<int32_t>(0xFFC00000u);
+    AdamW({}).step({p}, {g_bits.view(at::kFloat)}, 1e-2, 1.0, rounded_into(copy));
+    const at::Tensor copy_bits = copy.view(at::kShort);
+    for (const int64_t i : {2, 20}) {
+      EXPECT_TRUE(std::isnan(p[i].item<float>())) << bits << " " << i;
+      EXPECT_EQ(copy_bits[i].item<int16_t>(), 0x7FC0) << bits << " " << i;
+    }
+    EXPECT_TRUE(at::equal(copy.narrow(0, 3, 17), p.narrow(0, 3, 17).to(at::kBFloat16))) << bits;
+  }
+}
+
 // The EMA moved in AdamW's pass is torch's shadow.sub_((1 - decay) * (shadow - param)) on the new parameters, to
-// the bit (two roundings, no fused multiply-add), in the eight-wide loop and its scalar tail, float32 and bf16
+// the bit (two roundings, no fused multiply-add), in the vector loop and its masked tail, float32 and bf16
 // gradients alike.
 TEST(AdamW, TheEmaInThePassIsTorchsUpdateOfTheNewParameters) {
   at::manual_seed(3);
