@@ -5,23 +5,13 @@
 // A row's affine parameters (float32 here) come per segment: `segment` consecutive values share one (a group norm's
 // pixels of one channel), or with segment 1 every value has its own (a layer norm's features).
 
-// The first min(count, kLanes) values from p, the lanes past them `fill`.
-inline Vec load_up_to(const uint16_t* p, int64_t count, float fill) {
-  return count >= kLanes ? load(p) : load_first(p, count, fill);
-}
-inline Vec load_up_to(const float* p, int64_t count) { return count >= kLanes ? load(p) : load_first(p, count, 0.f); }
-inline void store_up_to(uint16_t* p, Vec x, int64_t count) {
-  if (count >= kLanes)
-    store(p, x);
-  else
-    store_first(p, x, count);
-}
+#include "core/simd_up_to.inl"
 
 // A row's mean and 1/sqrt(variance + eps), the variance biased (over n) and summed as squared deviations from the
 // mean (two passes: no cancellation however far the mean lies from zero).
 inline RowMoments row_moments(const uint16_t* x, int64_t n, float eps) {
   Vec sum = zero();
-  for (int64_t j = 0; j < n; j += kLanes) sum = add(sum, load_up_to(x + j, n - j, 0.f));
+  for (int64_t j = 0; j < n; j += kLanes) sum = add(sum, load_up_to(x + j, n - j));
   const float mean = horizontal_sum(sum) / static_cast<float>(n);
   Vec squares = zero();
   for (int64_t j = 0; j < n; j += kLanes) {
@@ -39,7 +29,7 @@ inline void normalize_row(const uint16_t* x, uint16_t* y, int64_t n, int64_t seg
   if (segment == 1) {
     const Vec mean = splat(m.mean), rstd = splat(m.rstd);
     for (int64_t j = 0; j < n; j += kLanes) {
-      const Vec normalized = mul(sub(load_up_to(x + j, n - j, 0.f), mean), rstd);
+      const Vec normalized = mul(sub(load_up_to(x + j, n - j), mean), rstd);
       store_up_to(y + j, fmadd(normalized, load_up_to(gamma + j, n - j), load_up_to(beta + j, n - j)), n - j);
     }
     return;
@@ -47,7 +37,7 @@ inline void normalize_row(const uint16_t* x, uint16_t* y, int64_t n, int64_t seg
   for (int64_t s = 0; s < n / segment; ++s, x += segment, y += segment) {
     const Vec mean = splat(m.mean), scale = splat(m.rstd * gamma[s]), shift = splat(beta[s]);
     for (int64_t j = 0; j < segment; j += kLanes)
-      store_up_to(y + j, fmadd(sub(load_up_to(x + j, segment - j, 0.f), mean), scale, shift), segment - j);
+      store_up_to(y + j, fmadd(sub(load_up_to(x + j, segment - j), mean), scale, shift), segment - j);
   }
 }
 
@@ -62,9 +52,9 @@ inline void input_gradient_row(const uint16_t* dy, const uint16_t* x, uint16_t* 
   if (segment == 1) {
     Vec g_sum = zero(), centered_sum = zero();
     for (int64_t j = 0; j < n; j += kLanes) {
-      const Vec g = mul(load_up_to(dy + j, n - j, 0.f), load_up_to(gamma + j, n - j));
+      const Vec g = mul(load_up_to(dy + j, n - j), load_up_to(gamma + j, n - j));
       g_sum = add(g_sum, g);
-      centered_sum = fmadd(g, sub(load_up_to(x + j, n - j, 0.f), mean), centered_sum);
+      centered_sum = fmadd(g, sub(load_up_to(x + j, n - j), mean), centered_sum);
     }
     sum_g = horizontal_sum(g_sum);
     sum_g_centered = horizontal_sum(centered_sum);
@@ -73,9 +63,9 @@ inline void input_gradient_row(const uint16_t* dy, const uint16_t* x, uint16_t* 
       const uint16_t *dy_s = dy + s * segment, *x_s = x + s * segment;
       Vec dy_sum = zero(), centered_sum = zero();
       for (int64_t j = 0; j < segment; j += kLanes) {
-        const Vec d = load_up_to(dy_s + j, segment - j, 0.f);
+        const Vec d = load_up_to(dy_s + j, segment - j);
         dy_sum = add(dy_sum, d);
-        centered_sum = fmadd(d, sub(load_up_to(x_s + j, segment - j, 0.f), mean), centered_sum);
+        centered_sum = fmadd(d, sub(load_up_to(x_s + j, segment - j), mean), centered_sum);
       }
       segment_sums[2 * s] = horizontal_sum(dy_sum);
       segment_sums[2 * s + 1] = horizontal_sum(centered_sum);
@@ -89,16 +79,16 @@ inline void input_gradient_row(const uint16_t* dy, const uint16_t* x, uint16_t* 
   if (segment == 1) {
     const Vec rstd = splat(m.rstd);
     for (int64_t j = 0; j < n; j += kLanes) {
-      const Vec g = mul(load_up_to(dy + j, n - j, 0.f), load_up_to(gamma + j, n - j));
-      store_up_to(dx + j, fmadd(rstd, g, fmadd(minus_k, sub(load_up_to(x + j, n - j, 0.f), mean), c)), n - j);
+      const Vec g = mul(load_up_to(dy + j, n - j), load_up_to(gamma + j, n - j));
+      store_up_to(dx + j, fmadd(rstd, g, fmadd(minus_k, sub(load_up_to(x + j, n - j), mean), c)), n - j);
     }
     return;
   }
   for (int64_t s = 0; s < n / segment; ++s, dy += segment, x += segment, dx += segment) {
     const Vec scale = splat(m.rstd * gamma[s]);
     for (int64_t j = 0; j < segment; j += kLanes) {
-      const Vec rest = fmadd(minus_k, sub(load_up_to(x + j, segment - j, 0.f), mean), c);
-      store_up_to(dx + j, fmadd(scale, load_up_to(dy + j, segment - j, 0.f), rest), segment - j);
+      const Vec rest = fmadd(minus_k, sub(load_up_to(x + j, segment - j), mean), c);
+      store_up_to(dx + j, fmadd(scale, load_up_to(dy + j, segment - j), rest), segment - j);
     }
   }
 }
@@ -111,8 +101,8 @@ inline void parameter_gradient_columns(const uint16_t* dy, const uint16_t* x, co
   for (int64_t j = begin; j < end; j += kLanes) {
     Vec gamma_sum = zero(), beta_sum = zero();
     for (int64_t r = 0; r < rows; r += step) {
-      const Vec d = load_up_to(dy + r * n + j, end - j, 0.f);
-      const Vec normalized = mul(sub(load_up_to(x + r * n + j, end - j, 0.f), splat(m[r].mean)), splat(m[r].rstd));
+      const Vec d = load_up_to(dy + r * n + j, end - j);
+      const Vec normalized = mul(sub(load_up_to(x + r * n + j, end - j), splat(m[r].mean)), splat(m[r].rstd));
       gamma_sum = fmadd(d, normalized, gamma_sum);
       beta_sum = add(beta_sum, d);
     }

@@ -3,17 +3,7 @@
 // uint16_t); a range's last values short of a vector go through masked loads and stores, so every value takes the
 // same vector arithmetic whatever its position.
 
-inline Vec load_up_to(const float* p, int64_t count) { return count >= kLanes ? load(p) : load_first(p, count, 0.f); }
-inline Vec load_up_to(const uint16_t* p, int64_t count) {
-  return count >= kLanes ? load(p) : load_first(p, count, 0.f);
-}
-template <typename T>
-inline void store_up_to(T* p, Vec x, int64_t count) {
-  if (count >= kLanes)
-    store(p, x);
-  else
-    store_first(p, x, count);
-}
+#include "core/simd_up_to.inl"
 
 // The EMA's shadow -= (shadow - p) * (1 - decay), rounded after the product as torch computes it.
 inline Vec moved_towards(Vec shadow, Vec p, Vec one_minus_decay) {
