@@ -3,10 +3,9 @@
 // it at their top; it sees that width's operations. Not a header of its own.
 
 // The first min(count, kLanes) values from p, the lanes past them `fill`.
-inline Vec load_up_to(const float* p, int64_t count, float fill = 0.f) {
-  return count >= kLanes ? load(p) : load_first(p, count, fill);
-}
-inline Vec load_up_to(const uint16_t* p, int64_t count, float fill = 0.f) {
+// T is float or uint16_t (bf16 bits), as for load() and store().
+template <typename T>
+inline Vec load_up_to(const T* p, int64_t count, float fill = 0.f) {
   return count >= kLanes ? load(p) : load_first(p, count, fill);
 }
 template <typename T>
