@@ -12,10 +12,25 @@ bool cpu_runs_bf16_in_onednn();
 // AVX-512 BW, VL and DQ (oneDNN's avx512_core), the same test as cpu_runs_bf16_in_onednn.
 bool cpu_runs_avx512_sgemm();
 
-// Whether bf16 arithmetic is fast here: the CPU has bf16 dot-product instructions (AVX512_BF16, which every
-// AMX-BF16 CPU has too: Cooper Lake and Sapphire Rapids Xeons, Zen 4). AVX-512 CPUs without them (Skylake-SP,
-// Cascade Lake, Ice Lake Xeons) run oneDNN's emulated bf16 kernels, measured at ~55-60 GFLOP/s against 230-350 for
-// float32 on the same two cores (docs/benchmarks.md).
+// Whether the CPU has bf16 dot-product instructions (AVX512_BF16, which every AMX-BF16 CPU has too: Cooper Lake and
+// later Xeons, Zen 4 and Zen 5) on top of AVX-512 BW, VL and DQ. AVX-512 CPUs without them (Skylake-SP, Cascade
+// Lake, Ice Lake Xeons) run oneDNN's emulated bf16 kernels, measured at ~55-60 GFLOP/s against 230-350 for float32
+// on the same two cores (docs/benchmarks.md).
+bool cpu_has_bf16_instructions();
+
+// How many flops a core's bf16 dot products (vdpbf16ps) do for each flop of its float32 multiply-adds (512-bit FMAs),
+// measured once (~5 ms) and kept; 0 without bf16 instructions. Zen 4 and Zen 5 read ~2; Sapphire and Emerald Rapids
+// ~0.5 (one vdpbf16ps every two cycles against two FMAs a cycle), where oneDNN's bf16 matmuls run at 55-60% of its
+// float32 ones unless AMX tiles take them (docs/benchmarks.md, forty-seventh sitting).
+double cpu_bf16_dot_product_rate();
+// The measurement itself, made again on every call (for tests of its stability).
+double measure_bf16_dot_product_rate();
+
+// Whether bf16 matmuls and convolutions outrun float32 ones here, so that `--mixed_precision bf16` should compute in
+// bf16: the CPU has bf16 instructions and either AMX-BF16 tiles (oneDNN multiplies bf16 in them) or dot products
+// doing at least kFastBf16DotProductRate of float32's flops. At 3/4 bf16 still wins by the memory it halves; the
+// CPUs measured so far sit at ~0.5 or ~2, far from the line.
+constexpr double kFastBf16DotProductRate = 0.75;
 bool cpu_has_fast_bf16();
 
 // Whether the CPU has AVX2 and FMA, which sdtrain's own vector kernels (core/simd.h) need at least.

@@ -24,6 +24,7 @@ std::string cpu_model_name() {
 
 const char* cpu_kind() {
   if (cpu_has_fast_bf16()) return "AVX-512 with bf16 instructions";
+  if (cpu_has_bf16_instructions()) return "AVX-512 with slow bf16 instructions";
   return cpu_runs_bf16_in_onednn() ? "AVX-512 without bf16 instructions" : "no AVX-512";
 }
 

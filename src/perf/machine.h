@@ -11,7 +11,8 @@ namespace sd::perf {
 // The processor as the kernel names it ("model name" in /proc/cpuinfo), or "unknown CPU".
 std::string cpu_model_name();
 // What decides sdtrain's arithmetic on this CPU (core/cpu_features.h): "AVX-512 with bf16 instructions", "AVX-512
-// without bf16 instructions" or "no AVX-512". Numbers from different kinds do not compare.
+// with slow bf16 instructions" (half-rate dot products, no AMX: bf16 computed in float32), "AVX-512 without bf16
+// instructions" or "no AVX-512". Numbers from different kinds do not compare.
 const char* cpu_kind();
 
 // Resets this process's peak-RSS mark (Linux >= 4.0), so peak_rss_bytes() covers only what follows.

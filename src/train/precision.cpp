@@ -11,18 +11,23 @@
 namespace sd::train {
 namespace {
 
-// Why bf16 compute would be slower than float32 on this CPU, or null where it is the faster one.
-const char* why_bf16_is_slow_here() {
+// Why bf16 compute would be slower than float32 on this CPU, or "" where it is the faster one.
+std::string why_bf16_is_slow_here() {
   if (!cpu_runs_bf16_in_onednn())
     return "this CPU lacks AVX-512 (BW/VL/DQ), so LibTorch would run bf16 matmuls and convolutions ~15x slower than "
            "float32 and sum them in bf16";
-  if (!cpu_has_fast_bf16())
+  if (!cpu_has_bf16_instructions())
     return "this CPU lacks bf16 instructions (AVX512_BF16), so oneDNN would emulate bf16 matmuls and convolutions "
            "at about a quarter of float32's speed";
-  return nullptr;
+  if (!cpu_has_fast_bf16())
+    return fmt::format(
+        "this CPU's bf16 dot products do {:.0f}% of its float32 multiply-adds' flops and it has no AMX, so bf16 "
+        "matmuls and convolutions would be slower than float32",
+        100 * cpu_bf16_dot_product_rate());
+  return "";
 }
 
-// SDTRAIN_FORCE_BF16=1: compute in bf16 on an AVX-512 CPU without bf16 instructions anyway, so that the bf16 path
+// SDTRAIN_FORCE_BF16=1: compute in bf16 on an AVX-512 CPU where it is slow anyway, so that the bf16 path
 // can be exercised (tests, CI) on such machines. Not on CPUs without AVX-512, whose bf16 fallback sums in bf16.
 bool bf16_forced() {
   const char* value = std::getenv("SDTRAIN_FORCE_BF16");
@@ -52,8 +57,8 @@ PrecisionPolicy PrecisionPolicy::from_flag(const std::string& mixed_precision) {
         "float32's range)");
   const PrecisionPolicy bf16{at::kBFloat16, at::kBFloat16, at::kFloat};
   const bool force_asked = bf16_forced();
-  const char* why = why_bf16_is_slow_here();
-  if (!why) return bf16;
+  const std::string why = why_bf16_is_slow_here();
+  if (why.empty()) return bf16;
   static bool announced = false;
   if (!std::exchange(announced, true))
     log::info("note: --mixed_precision {}: {}; {}", mixed_precision, why, instead(force_asked));

@@ -17,9 +17,10 @@ struct PrecisionPolicy {
   at::ScalarType master = at::kFloat;   // trained weights, gradients, optimizer state, EMA
 
   // "no" -> float32 everywhere; "bf16" -> bf16 compute and frozen models; "fp16" is taken as bf16 (CPUs have no
-  // fast float16 kernels). On a CPU where bf16 arithmetic is slower than float32 (no AVX-512, or AVX-512 without
-  // bf16 instructions: core/cpu_features.h) bf16 is computed in float32, unless SDTRAIN_FORCE_BF16=1 asks for bf16
-  // on the latter (to exercise the bf16 path there). Each substitution is announced on the main rank.
+  // fast float16 kernels). On a CPU where bf16 arithmetic is slower than float32 (no AVX-512, AVX-512 without
+  // bf16 instructions, or bf16 dot products at half of float32's rate and no AMX: core/cpu_features.h) bf16 is
+  // computed in float32, unless SDTRAIN_FORCE_BF16=1 asks for bf16 on the AVX-512 ones (to exercise the bf16 path
+  // there). Each substitution is announced on the main rank.
   static PrecisionPolicy from_flag(const std::string& mixed_precision);
   bool mixed() const { return compute != master; }
 };

@@ -184,8 +184,9 @@ TEST(TrainE2E, TrainsOnAnImageFolderAndTheResultGenerates) {
   for (const auto& [name, t] : one) EXPECT_TRUE(sd::test::close_rel_max(two.at(name), t, 2e-5)) << name;
 }
 
-// SDTRAIN_FORCE_BF16=1 computes in bf16 on an AVX-512 CPU without bf16 instructions, where --mixed_precision bf16
-// would compute in float32, and says so; the weights it trains are near float32's. Elsewhere it changes nothing.
+// SDTRAIN_FORCE_BF16=1 computes in bf16 on an AVX-512 CPU where bf16 is slow (no bf16 instructions, or half-rate ones
+// without AMX), where --mixed_precision bf16 would compute in float32, and says so; the weights it trains are near
+// float32's. Elsewhere it changes nothing.
 TEST(TrainE2E, ForcedBf16ComputesInBf16WhereTheCpuAloneWouldNot) {
   sd::test::TempDir dir;
   const fs::path data = sd::test::write_image_folder(dir.path() / "data");
