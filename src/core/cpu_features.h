@@ -19,17 +19,18 @@ bool cpu_runs_avx512_sgemm();
 bool cpu_has_bf16_instructions();
 
 // How many flops a core's bf16 dot products (vdpbf16ps) do for each flop of its float32 multiply-adds (512-bit FMAs),
-// measured once (~5 ms) and kept; 0 without bf16 instructions. Zen 4 and Zen 5 read ~2; Sapphire and Emerald Rapids
-// ~0.5 (one vdpbf16ps every two cycles against two FMAs a cycle), where oneDNN's bf16 matmuls run at 55-60% of its
-// float32 ones unless AMX tiles take them (docs/benchmarks.md, forty-seventh sitting).
+// measured once (~2 ms) and kept; 0 without bf16 instructions. Sapphire and Emerald Rapids read ~0.5 (one vdpbf16ps
+// every two cycles against two FMAs a cycle), and there oneDNN's bf16 matmuls run at 55-60% of its float32 ones
+// unless AMX tiles take them; on Zen 4 oneDNN's bf16 runs at about twice its float32 (docs/benchmarks.md,
+// forty-seventh sitting).
 double cpu_bf16_dot_product_rate();
 // The measurement itself, made again on every call (for tests of its stability).
 double measure_bf16_dot_product_rate();
 
 // Whether bf16 matmuls and convolutions outrun float32 ones here, so that `--mixed_precision bf16` should compute in
 // bf16: the CPU has bf16 instructions and either AMX-BF16 tiles (oneDNN multiplies bf16 in them) or dot products
-// doing at least kFastBf16DotProductRate of float32's flops. At 3/4 bf16 still wins by the memory it halves; the
-// CPUs measured so far sit at ~0.5 or ~2, far from the line.
+// doing at least kFastBf16DotProductRate of float32's flops. The line sits well between the kinds measured (~0.5 and
+// ~2); a CPU at equal flops keeps bf16, which also halves the products' memory traffic.
 constexpr double kFastBf16DotProductRate = 0.75;
 bool cpu_has_fast_bf16();
 
