@@ -56,17 +56,13 @@ __attribute__((target("avx512f,avx512bf16,fma"))) float multiply_add_chains(long
   return _mm512_reduce_add_ps(sum);
 }
 
-// The shortest of `repeats` timings: preemption and the AVX-512 units' warm-up only ever add time.
+// Seconds of one run of `loop`. Its result goes to a volatile, so that the loop cannot be dropped.
 template <class Loop>
-double best_seconds(Loop loop, long rounds, int repeats) {
+double seconds_of(Loop loop, long rounds) {
   volatile float sink = 0;
-  double best = 1e30;
-  for (int k = 0; k < repeats; ++k) {
-    const auto start = std::chrono::steady_clock::now();
-    sink = sink + loop(rounds);
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  }
-  return best;
+  const auto start = std::chrono::steady_clock::now();
+  sink = loop(rounds);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 }  // namespace
@@ -75,9 +71,11 @@ double measure_bf16_dot_product_rate() {
   if (!cpu_has_bf16_instructions()) return 0;
   constexpr long kRounds = 20000;  // 240,000 instructions: 0.1-0.3 ms a timing
   double bf16 = 1e30, float32 = 1e30;
-  for (int k = 0; k < 5; ++k) {  // interleaved, so that a slow stretch of the host weighs on both
-    bf16 = std::min(bf16, best_seconds(multiply_add_chains<true>, kRounds, 2));
-    float32 = std::min(float32, best_seconds(multiply_add_chains<false>, kRounds, 2));
+  // The shortest of ten timings each, interleaved: preemption and the AVX-512 units' warm-up only ever add time,
+  // and a slow stretch of the host weighs on both.
+  for (int k = 0; k < 10; ++k) {
+    bf16 = std::min(bf16, seconds_of(multiply_add_chains<true>, kRounds));
+    float32 = std::min(float32, seconds_of(multiply_add_chains<false>, kRounds));
   }
   // A vdpbf16ps multiplies 32 bf16 pairs and adds them into 16 floats (64 flops), a 512-bit FMA makes 16
   // multiply-adds (32 flops).
