@@ -53,15 +53,19 @@ __attribute__((target("avx512f,avx512bf16,fma"))) float multiply_add_chains(long
     }
   __m512 sum = _mm512_setzero_ps();
   for (const __m512& a : acc) sum = _mm512_add_ps(sum, a);
-  return _mm512_reduce_add_ps(sum);
+  // Summed through memory: GCC 12's _mm512_reduce_add_ps warns of an uninitialized register in its own header.
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, sum);
+  float total = 0;
+  for (float lane : lanes) total += lane;
+  return total;
 }
 
 // Seconds of one run of `loop`. Its result goes to a volatile, so that the loop cannot be dropped.
 template <class Loop>
 double seconds_of(Loop loop, long rounds) {
-  volatile float sink = 0;
   const auto start = std::chrono::steady_clock::now();
-  sink = loop(rounds);
+  [[maybe_unused]] volatile float sink = loop(rounds);
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 

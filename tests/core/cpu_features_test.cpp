@@ -19,7 +19,9 @@ TEST(CpuFeatures, AgreeWithTheKernelsFlags) {
   EXPECT_EQ(cpu_has_bf16_instructions(), cpuinfo->instructions);
   // An AVX-512 CPU without bf16 instructions (Skylake-SP to Ice Lake) must not count as fast: its emulated bf16
   // runs at a quarter of float32's speed.
-  if (!cpuinfo->instructions) EXPECT_FALSE(cpu_has_fast_bf16());
+  if (!cpuinfo->instructions) {
+    EXPECT_FALSE(cpu_has_fast_bf16());
+  }
 }
 
 // The dot products' rate is a ratio of two timings on a shared host, so it must not land on the other side of the
@@ -38,7 +40,9 @@ TEST(CpuFeatures, Bf16DotProductRateIsMeasuredSteadily) {
     const double again = measure_bf16_dot_product_rate();
     EXPECT_EQ(again >= kFastBf16DotProductRate, kept >= kFastBf16DotProductRate) << again << " against " << kept;
   }
-  if (kept >= kFastBf16DotProductRate) EXPECT_TRUE(cpu_has_fast_bf16());
+  if (kept >= kFastBf16DotProductRate) {
+    EXPECT_TRUE(cpu_has_fast_bf16());
+  }
 }
 
 TEST(CpuFeatures, KernelVectorWidthIsOneTheCpuRuns) {
