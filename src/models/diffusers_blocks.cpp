@@ -6,8 +6,8 @@
 #include <cmath>
 
 #include "core/error.h"
-#include "models/bf16_activations.h"
-#include "models/bf16_norm.h"
+#include "models/fused_activations.h"
+#include "models/fused_norm.h"
 #include "models/head_layout.h"
 #include "models/small_head_attention.h"
 #include "models/tiled_attention.h"
@@ -27,7 +27,7 @@ Activation parse_activation(const std::string& name, const std::string& where) {
 
 at::Tensor activate(Activation act, const at::Tensor& x) {
   switch (act) {
-    case Activation::SiLU: return bf16_activation_fits(x) ? bf16_silu(x) : at::silu(x);
+    case Activation::SiLU: return fused_activation_fits(x) ? fused_silu(x) : at::silu(x);
     case Activation::Mish: return at::mish(x);
     case Activation::GELU: return at::gelu(x);
     case Activation::ReLU: return at::relu(x);
@@ -41,9 +41,9 @@ bool is_full_precision(const at::Tensor& x) { return x.scalar_type() == at::kFlo
 
 at::Tensor group_norm(const nn::GroupNorm& norm, const at::Tensor& x) {
   const auto& o = norm->options;
+  if (fused_norm_fits(x, norm->weight, norm->bias))
+    return fused_group_norm(x, o.num_groups(), norm->weight, norm->bias, o.eps());
   if (is_full_precision(x) && norm->weight.scalar_type() == x.scalar_type()) return norm.ptr()->forward(x);
-  if (bf16_norm_fits(x, norm->weight, norm->bias))
-    return bf16_group_norm(x, o.num_groups(), norm->weight, norm->bias, o.eps());
   return at::group_norm(x.to(at::kFloat), o.num_groups(), norm->weight.to(at::kFloat), norm->bias.to(at::kFloat),
                         o.eps())
       .to(x.scalar_type());
@@ -51,9 +51,9 @@ at::Tensor group_norm(const nn::GroupNorm& norm, const at::Tensor& x) {
 
 at::Tensor layer_norm(const nn::LayerNorm& norm, const at::Tensor& x) {
   const auto& o = norm->options;
+  if (fused_norm_fits(x, norm->weight, norm->bias))
+    return fused_layer_norm(x, o.normalized_shape(), norm->weight, norm->bias, o.eps());
   if (is_full_precision(x) && norm->weight.scalar_type() == x.scalar_type()) return norm.ptr()->forward(x);
-  if (bf16_norm_fits(x, norm->weight, norm->bias))
-    return bf16_layer_norm(x, o.normalized_shape(), norm->weight, norm->bias, o.eps());
   return at::layer_norm(x.to(at::kFloat), o.normalized_shape(), norm->weight.to(at::kFloat), norm->bias.to(at::kFloat),
                         o.eps())
       .to(x.scalar_type());

@@ -22,9 +22,9 @@ at::Tensor activate(Activation act, const at::Tensor& x);
 
 // Norms in reduced precision: LibTorch 1.13's CPU group_norm/layer_norm reject a bf16 input with float32 weights,
 // and their bf16 kernels (bf16 weights) lose ~5x more than rounding the float32 result to bf16. So a bf16/f16
-// input is normalised in float32 (weights upcast too) and cast back — what autocast does on GPUs; bf16 on a CPU
-// with AVX2 does that in models/bf16_norm.h's kernels, one autograd node instead of LibTorch's casts and norm.
-// float32 and float64 inputs take LibTorch's own path, bit-identical to diffusers.
+// input is normalised in float32 (weights upcast too) and cast back — what autocast does on GPUs. On a CPU with AVX2
+// float32 and bf16 inputs take models/fused_norm.h's kernels (one autograd node, fewer passes than LibTorch's; float32
+// results equal LibTorch's up to summation order); float64 inputs and other devices take LibTorch's own norms.
 at::Tensor group_norm(const torch::nn::GroupNorm& norm, const at::Tensor& x);
 at::Tensor layer_norm(const torch::nn::LayerNorm& norm, const at::Tensor& x);
 

@@ -2,7 +2,7 @@
 
 #include <ATen/ATen.h>
 
-#include "models/bf16_activations.h"
+#include "models/fused_activations.h"
 
 namespace sd::models {
 
@@ -12,7 +12,7 @@ GEGLUImpl::GEGLUImpl(int64_t dim_in, int64_t dim_out) { proj = register_module("
 
 at::Tensor GEGLUImpl::forward(const at::Tensor& x) {
   const at::Tensor h = proj->forward(x);
-  if (bf16_activation_fits(h)) return bf16_geglu(h);
+  if (fused_activation_fits(h)) return fused_geglu(h);
   auto parts = h.chunk(2, -1);
   // The gate half is a strided view; LibTorch 1.13's bf16 GELU and its backward take a scalar path on strided input
   // (12x and 10x slower than on a contiguous copy at 1024 x 1280), so the copy pays for itself many times.

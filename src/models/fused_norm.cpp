@@ -1,4 +1,4 @@
-#include "models/bf16_norm.h"
+#include "models/fused_norm.h"
 
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -22,8 +22,8 @@ struct RowMoments {
   float mean, rstd;
 };
 
-// The rows forward and backward, once per vector width (bf16_norm_rows.inl, against core/simd.h's operations).
-#define SD_KERNELS "models/bf16_norm_rows.inl"
+// The rows forward and backward, once per vector width (fused_norm_rows.inl, against core/simd.h's operations).
+#define SD_KERNELS "models/fused_norm_rows.inl"
 #include "core/simd_each_width.inl"
 
 // How a norm sees its input: `rows` rows of n values, each row normalised on its own. Rows take their affine
@@ -61,7 +61,8 @@ at::Tensor tensor_like(const std::vector<float>& values, const at::Tensor& like)
 // Rows per parallel chunk: enough values that a chunk outweighs handing it to a thread.
 int64_t row_grain(const Layout& l) { return std::max<int64_t>(1, 16384 / l.n); }
 
-void forward_rows(const Layout& l, const uint16_t* x, uint16_t* y, const float* gamma, const float* beta, float eps,
+template <typename T>
+void forward_rows(const Layout& l, const T* x, T* y, const float* gamma, const float* beta, float eps,
                   RowMoments* moments) {
   sd::parallel_for(0, l.rows, row_grain(l), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
@@ -73,8 +74,9 @@ void forward_rows(const Layout& l, const uint16_t* x, uint16_t* y, const float* 
 }
 
 // dx into `dx`; with segments, each row's Σdy and Σdy·(x − mean) per segment into segment_sums [rows, n / segment, 2].
-void input_gradient_rows(const Layout& l, const uint16_t* dy, const uint16_t* x, uint16_t* dx, const float* gamma,
-                         const RowMoments* moments, float* segment_sums) {
+template <typename T>
+void input_gradient_rows(const Layout& l, const T* dy, const T* x, T* dx, const float* gamma, const RowMoments* moments,
+                         float* segment_sums) {
   sd::parallel_for(0, l.rows, row_grain(l), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const int64_t row = r * l.n, set = r % l.groups * l.parameters_per_row();
@@ -104,7 +106,8 @@ void parameter_gradients_from_segments(const Layout& l, const float* segment_sum
 
 // The per-value parameters' gradients (segment 1): each set's columns summed over its rows, columns spread over
 // threads.
-void parameter_gradients_from_columns(const Layout& l, const uint16_t* dy, const uint16_t* x, const RowMoments* moments,
+template <typename T>
+void parameter_gradients_from_columns(const Layout& l, const T* dy, const T* x, const RowMoments* moments,
                                       std::vector<float>& dgamma, std::vector<float>& dbeta) {
   for (int64_t set = 0; set < l.groups; ++set) {
     const int64_t offset = set * l.n;
@@ -115,7 +118,7 @@ void parameter_gradients_from_columns(const Layout& l, const uint16_t* dy, const
   }
 }
 
-class Bf16Norm : public torch::autograd::Function<Bf16Norm> {
+class FusedNorm : public torch::autograd::Function<FusedNorm> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x_in, const at::Tensor& weight,
                             const at::Tensor& bias, int64_t n, int64_t segment, int64_t groups, double eps) {
@@ -125,8 +128,11 @@ class Bf16Norm : public torch::autograd::Function<Bf16Norm> {
     at::Tensor y = at::empty(x.sizes(), x.options());
     at::Tensor moments = at::empty({l.rows, 2}, x.options().dtype(at::kFloat));
     const std::vector<float> gamma = floats_of(weight), beta = floats_of(bias);
-    forward_rows(l, bf16_bits(x), bf16_bits(y), gamma.data(), beta.data(), static_cast<float>(eps),
-                 reinterpret_cast<RowMoments*>(moments.data_ptr<float>()));
+    with_kernel_values(x.scalar_type(), [&](auto type) {
+      using T = decltype(type);
+      forward_rows(l, kernel_values<T>(x), kernel_values<T>(y), gamma.data(), beta.data(), static_cast<float>(eps),
+                   reinterpret_cast<RowMoments*>(moments.data_ptr<float>()));
+    });
     ctx->save_for_backward({x, weight, bias, moments});
     ctx->saved_data["layout"] = std::vector<int64_t>{n, segment, groups};
     return y;
@@ -138,20 +144,24 @@ class Bf16Norm : public torch::autograd::Function<Bf16Norm> {
     const at::Tensor &x = saved[0], &weight = saved[1], &bias = saved[2], &moments = saved[3];
     const std::vector<int64_t> layout = ctx->saved_data["layout"].toIntVector();
     const Layout l{x.numel() / layout[0], layout[0], layout[1], layout[2]};
-    const at::Tensor dy = grads[0].to(at::kBFloat16).contiguous();
+    const at::Tensor dy = grads[0].to(x.scalar_type()).contiguous();
     const bool parameters = ctx->needs_input_grad(1) || ctx->needs_input_grad(2);
     at::Tensor dx = at::empty(x.sizes(), x.options());
     at::Tensor segment_sums =
         l.segment > 1 ? at::empty({l.rows, l.parameters_per_row(), 2}, moments.options()) : at::Tensor();
     const std::vector<float> gamma = floats_of(weight);
-    input_gradient_rows(l, bf16_bits(dy), bf16_bits(x), bf16_bits(dx), gamma.data(), moments_of(moments),
-                        l.segment > 1 ? segment_sums.data_ptr<float>() : nullptr);
+    std::vector<float> dgamma(parameters ? weight.numel() : 0), dbeta(parameters ? weight.numel() : 0);
+    with_kernel_values(x.scalar_type(), [&](auto type) {
+      using T = decltype(type);
+      input_gradient_rows(l, kernel_values<T>(dy), kernel_values<T>(x), kernel_values<T>(dx), gamma.data(),
+                          moments_of(moments), l.segment > 1 ? segment_sums.data_ptr<float>() : nullptr);
+      if (parameters && l.segment > 1)
+        parameter_gradients_from_segments(l, segment_sums.data_ptr<float>(), moments_of(moments), dgamma, dbeta);
+      else if (parameters)
+        parameter_gradients_from_columns(l, kernel_values<T>(dy), kernel_values<T>(x), moments_of(moments), dgamma,
+                                         dbeta);
+    });
     if (!parameters) return {dx, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
-    std::vector<float> dgamma(weight.numel()), dbeta(weight.numel());
-    if (l.segment > 1)
-      parameter_gradients_from_segments(l, segment_sums.data_ptr<float>(), moments_of(moments), dgamma, dbeta);
-    else
-      parameter_gradients_from_columns(l, bf16_bits(dy), bf16_bits(x), moments_of(moments), dgamma, dbeta);
     return {
         dx,          tensor_like(dgamma, weight), tensor_like(dbeta, bias), at::Tensor(), at::Tensor(), at::Tensor(),
         at::Tensor()};
@@ -164,40 +174,41 @@ bool is_parameter(const at::Tensor& p) {
 
 }  // namespace
 
-bool bf16_norm_fits(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  return sd::cpu_has_avx2_fma() && x.device().is_cpu() && x.scalar_type() == at::kBFloat16 && x.numel() > 0 &&
-         is_parameter(weight) && is_parameter(bias);
+bool fused_norm_fits(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  return sd::cpu_has_avx2_fma() && x.device().is_cpu() &&
+         (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat) && x.numel() > 0 && is_parameter(weight) &&
+         is_parameter(bias);
 }
 
-at::Tensor bf16_group_norm(const at::Tensor& x, int64_t groups, const at::Tensor& weight, const at::Tensor& bias,
-                           double eps) {
-  SD_CHECK(bf16_norm_fits(x, weight, bias),
-           "bf16_group_norm: expected a bf16 CPU input with float32 or bf16 weight "
+at::Tensor fused_group_norm(const at::Tensor& x, int64_t groups, const at::Tensor& weight, const at::Tensor& bias,
+                            double eps) {
+  SD_CHECK(fused_norm_fits(x, weight, bias),
+           "fused_group_norm: expected a float32 or bf16 CPU input with float32 or bf16 weight "
            "and bias on an AVX2 CPU, got {} x, {} weight",
            c10::toString(x.scalar_type()), c10::toString(weight.scalar_type()));
   SD_CHECK(
       x.dim() >= 2 && groups > 0 && x.size(1) % groups == 0 && weight.numel() == x.size(1) && bias.numel() == x.size(1),
-      "bf16_group_norm: expected x [N, C, ...] with C divisible by {} groups and weight and bias of C values, "
+      "fused_group_norm: expected x [N, C, ...] with C divisible by {} groups and weight and bias of C values, "
       "got x [{}], weight [{}], bias [{}]",
       groups, fmt::join(x.sizes(), ", "), fmt::join(weight.sizes(), ", "), fmt::join(bias.sizes(), ", "));
   const int64_t pixels = x.numel() / (x.size(0) * x.size(1));
-  return Bf16Norm::apply(x, weight, bias, x.size(1) / groups * pixels, pixels, groups, eps);
+  return FusedNorm::apply(x, weight, bias, x.size(1) / groups * pixels, pixels, groups, eps);
 }
 
-at::Tensor bf16_layer_norm(const at::Tensor& x, at::IntArrayRef normalized_shape, const at::Tensor& weight,
-                           const at::Tensor& bias, double eps) {
-  SD_CHECK(bf16_norm_fits(x, weight, bias),
-           "bf16_layer_norm: expected a bf16 CPU input with float32 or bf16 weight "
+at::Tensor fused_layer_norm(const at::Tensor& x, at::IntArrayRef normalized_shape, const at::Tensor& weight,
+                            const at::Tensor& bias, double eps) {
+  SD_CHECK(fused_norm_fits(x, weight, bias),
+           "fused_layer_norm: expected a float32 or bf16 CPU input with float32 or bf16 weight "
            "and bias on an AVX2 CPU, got {} x, {} weight",
            c10::toString(x.scalar_type()), c10::toString(weight.scalar_type()));
   const auto dims = static_cast<int64_t>(normalized_shape.size());
   SD_CHECK(dims > 0 && x.dim() >= dims && x.sizes().slice(x.dim() - dims) == normalized_shape &&
                weight.sizes() == normalized_shape && bias.sizes() == normalized_shape,
-           "bf16_layer_norm: expected x [..., {}] and weight and bias of that shape, got x [{}], weight [{}], "
+           "fused_layer_norm: expected x [..., {}] and weight and bias of that shape, got x [{}], weight [{}], "
            "bias [{}]",
            fmt::join(normalized_shape, ", "), fmt::join(x.sizes(), ", "), fmt::join(weight.sizes(), ", "),
            fmt::join(bias.sizes(), ", "));
-  return Bf16Norm::apply(x, weight, bias, c10::multiply_integers(normalized_shape), 1, 1, eps);
+  return FusedNorm::apply(x, weight, bias, c10::multiply_integers(normalized_shape), 1, 1, eps);
 }
 
 }  // namespace sd::models

@@ -1,6 +1,6 @@
-// The rows of bf16_norm.cpp, forward and backward, written once against core/simd.h's operations and included there
-// once per vector width. Not a header of its own. Values are bf16 (their bits as uint16_t), arithmetic float32; a
-// row's last n % kLanes values go through masked loads and stores, so rows need no padding.
+// The rows of fused_norm.cpp, forward and backward, written once against core/simd.h's operations and included there
+// once per vector width. Not a header of its own. Values are T: float32, or bf16 as their bits (uint16_t); arithmetic
+// float32. A row's last n % kLanes values go through masked loads and stores, so rows need no padding.
 //
 // A row's affine parameters (float32 here) come per segment: `segment` consecutive values share one (a group norm's
 // pixels of one channel), or with segment 1 every value has its own (a layer norm's features).
@@ -9,7 +9,8 @@
 
 // A row's mean and 1/sqrt(variance + eps), the variance biased (over n) and summed as squared deviations from the
 // mean (two passes: no cancellation however far the mean lies from zero).
-inline RowMoments row_moments(const uint16_t* x, int64_t n, float eps) {
+template <typename T>
+inline RowMoments row_moments(const T* x, int64_t n, float eps) {
   Vec sum = zero();
   for (int64_t j = 0; j < n; j += kLanes) sum = add(sum, load_up_to(x + j, n - j));
   const float mean = horizontal_sum(sum) / static_cast<float>(n);
@@ -22,9 +23,10 @@ inline RowMoments row_moments(const uint16_t* x, int64_t n, float eps) {
   return {mean, 1.f / std::sqrt(variance + eps)};
 }
 
-// y = (x − mean) · rstd · gamma + beta over one row, rounded once to bf16 (per segment with a = rstd · gamma, as
-// (x − mean) · a + beta). x − mean is exact for bf16 values near the mean, so a constant row gives beta exactly.
-inline void normalize_row(const uint16_t* x, uint16_t* y, int64_t n, int64_t segment, const float* gamma,
+// y = (x − mean) · rstd · gamma + beta over one row, stored as T (bf16: rounded once; per segment with a = rstd ·
+// gamma, as (x − mean) · a + beta). x − mean is exact for bf16 values near the mean, so a constant row gives beta exactly.
+template <typename T>
+inline void normalize_row(const T* x, T* y, int64_t n, int64_t segment, const float* gamma,
                           const float* beta, RowMoments m) {
   if (segment == 1) {
     const Vec mean = splat(m.mean), rstd = splat(m.rstd);
@@ -45,7 +47,8 @@ inline void normalize_row(const uint16_t* x, uint16_t* y, int64_t n, int64_t seg
 //   dx = rstd · (g − Σg / n − x̂ · Σ(g · x̂) / n) = rstd · g − k · (x − mean) − rstd · Σg / n,
 // k = rstd³ · Σ(g · (x − mean)) / n. The sums come from a first pass; per segment it keeps Σdy and Σdy·(x − mean)
 // in `segment_sums` [n / segment][2], which the parameters' gradients sum over rows next.
-inline void input_gradient_row(const uint16_t* dy, const uint16_t* x, uint16_t* dx, int64_t n, int64_t segment,
+template <typename T>
+inline void input_gradient_row(const T* dy, const T* x, T* dx, int64_t n, int64_t segment,
                                const float* gamma, RowMoments m, float* segment_sums) {
   const Vec mean = splat(m.mean);
   float sum_g = 0, sum_g_centered = 0;
@@ -60,7 +63,7 @@ inline void input_gradient_row(const uint16_t* dy, const uint16_t* x, uint16_t* 
     sum_g_centered = horizontal_sum(centered_sum);
   } else {
     for (int64_t s = 0; s < n / segment; ++s) {
-      const uint16_t *dy_s = dy + s * segment, *x_s = x + s * segment;
+      const T *dy_s = dy + s * segment, *x_s = x + s * segment;
       Vec dy_sum = zero(), centered_sum = zero();
       for (int64_t j = 0; j < segment; j += kLanes) {
         const Vec d = load_up_to(dy_s + j, segment - j);
@@ -95,7 +98,8 @@ inline void input_gradient_row(const uint16_t* dy, const uint16_t* x, uint16_t* 
 
 // The per-value parameters' gradients for columns [begin, end) of rows 0, step, 2·step, ... below `rows`, each of n
 // values: dgamma = Σ dy · (x − mean) · rstd and dbeta = Σ dy, summed over those rows in order.
-inline void parameter_gradient_columns(const uint16_t* dy, const uint16_t* x, const RowMoments* m, int64_t rows,
+template <typename T>
+inline void parameter_gradient_columns(const T* dy, const T* x, const RowMoments* m, int64_t rows,
                                        int64_t n, int64_t step, int64_t begin, int64_t end, float* dgamma,
                                        float* dbeta) {
   for (int64_t j = begin; j < end; j += kLanes) {

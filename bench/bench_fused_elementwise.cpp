@@ -1,7 +1,7 @@
 // The bf16 norms and SiLU at tiny-sd1's and SD-1.5's shapes, forward + backward (input and parameter gradients):
-// sdtrain's kernels (models/bf16_norm.h, models/bf16_activations.h) against the LibTorch path they replace (the input
+// sdtrain's kernels (models/fused_norm.h, models/fused_activations.h) against the LibTorch path they replace (the input
 // and weights cast to float32, LibTorch's float32 norm, the result cast back; LibTorch's bf16 SiLU).
-//   bench_bf16_elementwise [--threads N]
+//   bench_fused_elementwise [--threads N]
 #include <torch/csrc/autograd/autograd.h>
 
 #include <cstdio>
@@ -13,8 +13,8 @@
 
 #include "bench_util.h"
 #include "core/threads.h"
-#include "models/bf16_norm.h"
-#include "models/bf16_activations.h"
+#include "models/fused_norm.h"
+#include "models/fused_activations.h"
 
 namespace {
 
@@ -29,24 +29,24 @@ struct Case {
 std::pair<Op, Op> paths(const Case& c) {
   const auto f = at::kFloat;
   if (c.op == "group_norm")
-    return {[](auto& x, auto& w, auto& b) { return sd::models::bf16_group_norm(x, 32, w, b, 1e-5); },
+    return {[](auto& x, auto& w, auto& b) { return sd::models::fused_group_norm(x, 32, w, b, 1e-5); },
             [f](auto& x, auto& w, auto& b) {
-              return at::group_norm(x.to(f), 32, w.to(f), b.to(f), 1e-5).to(at::kBFloat16);
+              return at::group_norm(x.to(f), 32, w.to(f), b.to(f), 1e-5).to(x.scalar_type());
             }};
   if (c.op == "layer_norm") {
     const int64_t n = c.shape.back();
-    return {[n](auto& x, auto& w, auto& b) { return sd::models::bf16_layer_norm(x, {n}, w, b, 1e-5); },
+    return {[n](auto& x, auto& w, auto& b) { return sd::models::fused_layer_norm(x, {n}, w, b, 1e-5); },
             [n, f](auto& x, auto& w, auto& b) {
-              return at::layer_norm(x.to(f), {n}, w.to(f), b.to(f), 1e-5).to(at::kBFloat16);
+              return at::layer_norm(x.to(f), {n}, w.to(f), b.to(f), 1e-5).to(x.scalar_type());
             }};
   }
   if (c.op == "geglu")
-    return {[](auto& h, auto&, auto&) { return sd::models::bf16_geglu(h); },
+    return {[](auto& h, auto&, auto&) { return sd::models::fused_geglu(h); },
             [](auto& h, auto&, auto&) {
               const auto parts = h.chunk(2, -1);
               return parts[0] * at::gelu(parts[1].contiguous());
             }};
-  return {[](auto& x, auto&, auto&) { return sd::models::bf16_silu(x); },
+  return {[](auto& x, auto&, auto&) { return sd::models::fused_silu(x); },
           [](auto& x, auto&, auto&) { return at::silu(x); }};
 }
 
@@ -54,8 +54,11 @@ std::pair<Op, Op> paths(const Case& c) {
 
 int main(int argc, char** argv) {
   int threads = 2;
-  for (int i = 1; i + 1 < argc; i += 2)
+  at::ScalarType dtype = at::kBFloat16;
+  for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--dtype")) dtype = std::strcmp(argv[i + 1], "float32") ? at::kBFloat16 : at::kFloat;
+  }
   sd::set_compute_threads(threads);
   // tiny-sd1 at 64² (8x8 and 4x4 latents, 64 tokens of 32 features), SD-1.5 at 256² (32x32 and 8x8 latents, 1024
   // tokens of 320) and at 512² (64x64).
@@ -74,9 +77,9 @@ int main(int argc, char** argv) {
     const int64_t channels = c.op == "layer_norm" ? c.shape.back() : c.shape[1];
     std::vector<int64_t> out_shape = c.shape;
     if (c.op == "geglu") out_shape.back() /= 2;
-    const at::Tensor x0 = (at::randn(c.shape) * 3 + 1).to(at::kBFloat16), grad = at::randn(out_shape).to(at::kBFloat16);
-    const at::Tensor w0 = at::randn({channels}).to(at::kBFloat16), b0 = at::randn({channels}).to(at::kBFloat16);
-    nlohmann::json line = {{"op", c.op}, {"shape", c.shape}};
+    const at::Tensor x0 = (at::randn(c.shape) * 3 + 1).to(dtype), grad = at::randn(out_shape).to(dtype);
+    const at::Tensor w0 = at::randn({channels}).to(dtype), b0 = at::randn({channels}).to(dtype);
+    nlohmann::json line = {{"op", c.op}, {"shape", c.shape}, {"dtype", c10::toString(dtype)}};
     const auto [sdtrain, libtorch] = paths(c);
     for (const auto& [name, op] : {std::pair{"sdtrain", sdtrain}, std::pair{"libtorch", libtorch}}) {
       const auto timing = sd::bench::time_it(
