@@ -16,6 +16,7 @@ using torch::autograd::variable_list;
 enum class Forward : int64_t {
   kOnednn,                // bf16: a kept oneDNN primitive (core/onednn_matmul.h)
   kWeightTimesRowsThenT,  // float32: yᵀ = W·xᵀ + b, then transposed (see transposed_product_is_faster)
+  kRowsTimesWeightT,      // float32: y = x·Wᵀ + b, at::linear's own product
 };
 
 // The gradients are those of at::linear's addmm: dx = dy·W, dW = dyᵀ·x, db = Σ_rows dy, each computed only when
@@ -54,6 +55,8 @@ struct LinearRows : torch::autograd::Function<LinearRows> {
   static at::Tensor rows_product(const at::Tensor& rows, const at::Tensor& weight,
                                  const c10::optional<at::Tensor>& bias, Forward how) {
     if (how == Forward::kOnednn) return onednn_linear(rows, weight, bias.value_or(at::Tensor()));
+    if (how == Forward::kRowsTimesWeightT)
+      return bias.has_value() ? at::addmm(*bias, rows, weight.t()) : at::mm(rows, weight.t());
     const at::Tensor transposed =
         bias.has_value() ? at::addmm(bias->unsqueeze(1), weight, rows.t()) : at::mm(weight, rows.t());
     return transposed.t().contiguous();
@@ -93,6 +96,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
     how = Forward::kOnednn;
   else if (transposed_product_is_faster(x, weight, bias))
     how = Forward::kWeightTimesRowsThenT;
+  else if (float32_cpu(x) && float32_cpu(weight) && float32_cpu(bias))
+    how = Forward::kRowsTimesWeightT;
   else
     return at::linear(x, weight, bias);
   const auto optional_bias = bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt;

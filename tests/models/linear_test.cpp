@@ -24,8 +24,8 @@ Grads run(Linear linear_fn, const at::Tensor& x, const at::Tensor& weight, const
   return r;
 }
 
-at::Tensor leaf(at::IntArrayRef sizes, bool requires_grad) {
-  return at::randn(sizes).to(at::kBFloat16).set_requires_grad(requires_grad);
+at::Tensor leaf(at::IntArrayRef sizes, at::ScalarType dtype, bool requires_grad) {
+  return at::randn(sizes).to(dtype).set_requires_grad(requires_grad);
 }
 
 void expect_same(const at::Tensor& got, const at::Tensor& want, const char* what) {
@@ -44,24 +44,27 @@ struct Case {
 
 class LinearTest : public ::testing::TestWithParam<Case> {};
 
-// bf16 output and gradients agree with at::linear's to the bit (the same oneDNN products and bias sum), and a
-// frozen weight gets no gradient.
-TEST_P(LinearTest, MatchesAtenLinearInBf16) {
+// Output and gradients agree with at::linear's to the bit (the same products, oneDNN's for bf16, and bias sum), and
+// a frozen weight gets no gradient.
+TEST_P(LinearTest, MatchesAtenLinearToTheBit) {
   const Case c = GetParam();
-  at::manual_seed(c.out + static_cast<int64_t>(c.x_sizes.size()));
-  const at::Tensor x = leaf(c.x_sizes, true), weight = leaf({c.out, c.x_sizes.back()}, c.weight_grad);
-  const at::Tensor bias = c.bias ? leaf({c.out}, c.weight_grad) : at::Tensor();
-  std::vector<int64_t> y_sizes = c.x_sizes;
-  y_sizes.back() = c.out;
-  const at::Tensor g = at::randn(y_sizes).to(at::kBFloat16);
+  for (const auto dtype : {at::kBFloat16, at::kFloat}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    at::manual_seed(c.out + static_cast<int64_t>(c.x_sizes.size()));
+    const at::Tensor x = leaf(c.x_sizes, dtype, true), weight = leaf({c.out, c.x_sizes.back()}, dtype, c.weight_grad);
+    const at::Tensor bias = c.bias ? leaf({c.out}, dtype, c.weight_grad) : at::Tensor();
+    std::vector<int64_t> y_sizes = c.x_sizes;
+    y_sizes.back() = c.out;
+    const at::Tensor g = at::randn(y_sizes).to(dtype);
 
-  const Grads want = run([](auto&&... a) { return at::linear(a...); }, x, weight, bias, g);
-  const Grads got = run([](auto&&... a) { return models::linear(a...); }, x, weight, bias, g);
-  expect_same(got.y, want.y, "y");
-  expect_same(got.dx, want.dx, "dx");
-  expect_same(got.dw, want.dw, "dweight");
-  expect_same(got.db, want.db, "dbias");
-  EXPECT_EQ(got.dw.defined(), c.weight_grad);
+    const Grads want = run([](auto&&... a) { return at::linear(a...); }, x, weight, bias, g);
+    const Grads got = run([](auto&&... a) { return models::linear(a...); }, x, weight, bias, g);
+    expect_same(got.y, want.y, "y");
+    expect_same(got.dx, want.dx, "dx");
+    expect_same(got.dw, want.dw, "dweight");
+    expect_same(got.db, want.db, "dbias");
+    EXPECT_EQ(got.dw.defined(), c.weight_grad);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, LinearTest,
@@ -70,10 +73,12 @@ INSTANTIATE_TEST_SUITE_P(Shapes, LinearTest,
                                            Case{{2, 3, 7, 16}, 1, false, true}));
 
 TEST(Linear, NonContiguousInputMatchesAtenLinear) {
-  at::manual_seed(3);
-  const at::Tensor x = at::randn({16, 2, 24}).to(at::kBFloat16).transpose(0, 1);  // [2, 16, 24], rows not adjacent
-  const at::Tensor weight = at::randn({8, 24}).to(at::kBFloat16), bias = at::randn({8}).to(at::kBFloat16);
-  EXPECT_TRUE(at::equal(models::linear(x, weight, bias), at::linear(x, weight, bias)));
+  for (const auto dtype : {at::kBFloat16, at::kFloat}) {
+    at::manual_seed(3);
+    const at::Tensor x = at::randn({16, 2, 24}).to(dtype).transpose(0, 1);  // [2, 16, 24], rows not adjacent
+    const at::Tensor weight = at::randn({8, 24}).to(dtype), bias = at::randn({8}).to(dtype);
+    EXPECT_TRUE(at::equal(models::linear(x, weight, bias), at::linear(x, weight, bias))) << c10::toString(dtype);
+  }
 }
 
 class Float32FewTokensTest : public ::testing::TestWithParam<Case> {};
@@ -123,7 +128,8 @@ TEST(Linear, TransposedProductOnlyForFewTokensAndLargeFloat32Weights) {
 
 TEST(Linear, OtherDtypesTakeAtenLinear) {
   at::manual_seed(4);
-  const at::Tensor x = at::randn({3, 10}), weight = at::randn({4, 10}), bias = at::randn({4});
+  const at::Tensor x = at::randn({3, 10}, at::kDouble), weight = at::randn({4, 10}, at::kDouble),
+                   bias = at::randn({4}, at::kDouble);
   EXPECT_TRUE(at::equal(models::linear(x, weight, bias), at::linear(x, weight, bias)));
 }
 
