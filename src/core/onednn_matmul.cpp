@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "core/cpu_features.h"
+#include "core/onednn_sgemm.h"
 #include "core/error.h"
 #include "core/parallel.h"
 
@@ -278,7 +279,8 @@ at::Tensor PackedMatrix::times(const at::Tensor& a, const at::Tensor& b) {
 int64_t PackedMatrix::bytes() const { return packing_ ? static_cast<int64_t>(packing_->bytes.nbytes()) : 0; }
 
 at::Tensor mm(const at::Tensor& a, const at::Tensor& b) {
-  return onednn_matmul_fits(a, b) ? onednn_matmul(a, b) : at::mm(a, b);
+  if (onednn_matmul_fits(a, b)) return onednn_matmul(a, b);
+  return float32_matmul_fits(a, b) ? float32_matmul(a, b) : at::mm(a, b);
 }
 
 void gemm_bf16(char trans_a, char trans_b, int64_t m, int64_t n, int64_t k, float alpha, const c10::BFloat16* a,

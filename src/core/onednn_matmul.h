@@ -40,7 +40,8 @@ at::Tensor onednn_addmm_per_sample(const at::Tensor& bias, const at::Tensor& a, 
 bool onednn_linear_fits(const at::Tensor& x, const at::Tensor& weight);
 at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {});
 
-// a·b through onednn_matmul where the operands fit, else at::mm: the same product either way.
+// a·b through onednn_matmul or float32_matmul (core/onednn_sgemm.h) where the operands fit, else at::mm: the same
+// product either way.
 at::Tensor mm(const at::Tensor& a, const at::Tensor& b);
 
 // A matrix that stays the same from one product to the next (a frozen layer's weight), kept in the blocked layout

@@ -4,6 +4,7 @@
 
 #include "core/cpu_features.h"
 #include "core/onednn_matmul.h"
+#include "core/onednn_sgemm.h"
 
 namespace sd::models {
 
@@ -55,8 +56,11 @@ struct LinearRows : torch::autograd::Function<LinearRows> {
   static at::Tensor rows_product(const at::Tensor& rows, const at::Tensor& weight,
                                  const c10::optional<at::Tensor>& bias, Forward how) {
     if (how == Forward::kOnednn) return onednn_linear(rows, weight, bias.value_or(at::Tensor()));
-    if (how == Forward::kRowsTimesWeightT)
+    if (how == Forward::kRowsTimesWeightT) {
+      const at::Tensor b = bias.value_or(at::Tensor());
+      if (float32_linear_fits(rows, weight, b)) return float32_linear(rows, weight, b);
       return bias.has_value() ? at::addmm(*bias, rows, weight.t()) : at::mm(rows, weight.t());
+    }
     const at::Tensor transposed =
         bias.has_value() ? at::addmm(bias->unsqueeze(1), weight, rows.t()) : at::mm(weight, rows.t());
     return transposed.t().contiguous();
