@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <optional>
 
+#include "core/error.h"
 #include "core/threads.h"
 
 extern "C" void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
@@ -69,21 +70,34 @@ bool bias_fits(const at::Tensor& bias, int64_t n) {
                              bias.is_cpu() && bias.is_contiguous());
 }
 
-// a·b (+ bias on every row) into a new row-major [M, N]: addmm_impl_cpu_'s sgemm_ call, B's layout first. With a
-// bias the output starts as the bias on every row and the product is added to it (beta 1), as addmm copies its
-// expanded input into the result first.
-at::Tensor product(const Matrix& a, const Matrix& b, const at::Tensor& bias, const at::TensorOptions& options) {
+// c (row-major [M, N]) = a·b, plus what c holds when `accumulate`: addmm_impl_cpu_'s sgemm_ call, B's layout first.
+void multiply_into(const Matrix& a, const Matrix& b, float* c, bool accumulate) {
   const int m = static_cast<int>(a.rows), n = static_cast<int>(b.cols), k = static_cast<int>(a.cols);
-  at::Tensor c = at::empty({m, n}, options);
-  float* out = c.data_ptr<float>();
-  if (bias.defined()) {
-    const float* values = bias.data_ptr<float>();
-    for (int row = 0; row < m; ++row) std::copy_n(values, n, out + static_cast<int64_t>(row) * n);
-  }
   const BlasLayout la = *blas_layout(a), lb = *blas_layout(b);
-  const float alpha = 1.f, beta = bias.defined() ? 1.f : 0.f;
-  sgemm_(&lb.trans, &la.trans, &n, &m, &k, &alpha, b.data, &lb.ld, a.data, &la.ld, &beta, out, &n);
+  const float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
+  sgemm_(&lb.trans, &la.trans, &n, &m, &k, &alpha, b.data, &lb.ld, a.data, &la.ld, &beta, c, &n);
+}
+
+// With a bias, addmm copies its expanded input into the result and adds the product to it (beta 1); these fill a
+// row-major [rows, cols] the same way, the bias [cols] on every row or the bias [rows] down every column.
+void fill_rows_with(const float* bias, int64_t rows, int64_t cols, float* out) {
+  for (int64_t row = 0; row < rows; ++row) std::copy_n(bias, cols, out + row * cols);
+}
+void fill_columns_with(const float* bias, int64_t rows, int64_t cols, float* out) {
+  for (int64_t row = 0; row < rows; ++row) std::fill_n(out + row * cols, cols, bias[row]);
+}
+
+// a·b (+ bias on every row) into a new row-major [M, N].
+at::Tensor product(const Matrix& a, const Matrix& b, const at::Tensor& bias, const at::TensorOptions& options) {
+  at::Tensor c = at::empty({a.rows, b.cols}, options);
+  if (bias.defined()) fill_rows_with(bias.data_ptr<float>(), a.rows, b.cols, c.data_ptr<float>());
+  multiply_into(a, b, c.data_ptr<float>(), bias.defined());
   return c;
+}
+
+Matrix sample_of(const at::Tensor& batch, int64_t s) {
+  return {batch.data_ptr<float>() + s * batch.stride(0), batch.size(1), batch.size(2), batch.stride(1),
+          batch.stride(2)};
 }
 
 }  // namespace
@@ -106,6 +120,28 @@ bool float32_linear_fits(const at::Tensor& x, const at::Tensor& weight, const at
 at::Tensor float32_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   RECORD_USER_SCOPE_WITH_INPUTS("sdtrain::mm", std::vector<c10::IValue>({x, weight, true}));
   return product(as_is(x), transposed(weight), bias, x.options());
+}
+
+bool float32_per_sample_fits(const at::Tensor& a, const at::Tensor& b) {
+  return float32_cpu_matrix(a) && b.dim() == 3 && b.scalar_type() == at::kFloat && b.is_cpu() && b.size(0) > 0 &&
+         product_fits(as_is(a), sample_of(b, 0));
+}
+
+at::Tensor float32_addmm_per_sample(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b) {
+  SD_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == a.size(0) && bias.scalar_type() == at::kFloat &&
+                               bias.is_contiguous()),
+           "float32_addmm_per_sample: expected a contiguous float32 bias of {} values, got [{}] {}", a.size(0),
+           fmt::join(bias.sizes(), ", "), bias.defined() ? c10::toString(bias.scalar_type()) : "");
+  // One scope for the batch (perf/op_profiler.cpp counts b [S, K, N] as S·N columns).
+  RECORD_USER_SCOPE_WITH_INPUTS("sdtrain::mm", std::vector<c10::IValue>({a, b, false}));
+  const int64_t samples = b.size(0), m = a.size(0), n = b.size(2);
+  at::Tensor c = at::empty({samples, m, n}, a.options());
+  for (int64_t s = 0; s < samples; ++s) {
+    float* out = c.data_ptr<float>() + s * m * n;
+    if (bias.defined()) fill_columns_with(bias.data_ptr<float>(), m, n, out);
+    multiply_into(as_is(a), sample_of(b, s), out, bias.defined());
+  }
+  return c;
 }
 
 }  // namespace sd

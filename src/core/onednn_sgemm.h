@@ -22,4 +22,11 @@ at::Tensor float32_matmul(const at::Tensor& a, const at::Tensor& b);
 bool float32_linear_fits(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
 at::Tensor float32_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {});
 
+// Each sample's at::addmm(bias.unsqueeze(1), a, b[s]) (or at::mm(a, b[s]) without bias) for a [M, K] and b [S, K, N],
+// into a new [S, M, N]: a GEMM convolution's weight times each image's columns, landing as the layer's maps, where
+// one product over the batch's [K, S·N] columns needs a copy into that matrix and another out of it. b's samples fit
+// as float32_matmul_fits takes a matrix; bias is [M] float32 and contiguous, or undefined.
+bool float32_per_sample_fits(const at::Tensor& a, const at::Tensor& b);
+at::Tensor float32_addmm_per_sample(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b);
+
 }  // namespace sd

@@ -2,6 +2,7 @@
 
 #include <torch/autograd.h>
 
+#include "core/onednn_sgemm.h"
 #include "models/im2col.h"
 
 namespace sd::models {
@@ -58,6 +59,8 @@ at::Tensor convolve_columns(const at::Tensor& w, const at::Tensor& columns, cons
   const at::Tensor per_sample = columns.flatten(2);
   if (!recorded(w, columns, bias) && onednn_per_sample_fits(w, per_sample))
     return onednn_addmm_per_sample(bias, w, per_sample).view({columns.size(0), w.size(0), oh, ow});
+  if (!recorded(w, columns, bias) && float32_per_sample_fits(w, per_sample))
+    return float32_addmm_per_sample(bias, w, per_sample).view({columns.size(0), w.size(0), oh, ow});
   return as_maps(affine(w, columns_as_matrix(columns), bias), columns.size(0), oh, ow);
 }
 
@@ -68,7 +71,8 @@ at::Tensor convolve_columns(const at::Tensor& w, const at::Tensor& columns, cons
 // between columns, matrix and maps itself: done outside, they recorded six autograd nodes per layer (two transposes,
 // two copies, two views), which with their backward ops made ~680 of tiny-sd1's ~9,700 ops a textual-inversion step.
 // Both products run per image (convolve_columns, FrozenWeight::columns_gradient), which took the copies and their
-// ops out too: 8,999 -> 7,102 ops a step.
+// ops out too: 8,999 -> 7,102 ops a step (bf16); float32's per-image sgemm_ calls (core/onednn_sgemm.h), 8,099 ->
+// 6,539.
 struct FrozenGemm : torch::autograd::Function<FrozenGemm> {
   // (An undefined tensor cannot be a Function's input, so a layer without bias passes none.)
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& columns, const at::Tensor& w,
@@ -135,6 +139,7 @@ at::Tensor FrozenWeight::columns_gradient(const at::Tensor& w, const at::Tensor&
     source_ = w.storage();
     source_version_ = w._version();
   }
+  if (float32_per_sample_fits(transposed_, dy)) return float32_addmm_per_sample(at::Tensor(), transposed_, dy);
   const int64_t n = dy.size(0), cout = dy.size(1);
   const at::Tensor d_matrix = sd::mm(transposed_, dy.transpose(0, 1).reshape({cout, -1}));  // [Cin·kh·kw, N·H'·W']
   return d_matrix.view({d_matrix.size(0), n, -1}).transpose(0, 1);

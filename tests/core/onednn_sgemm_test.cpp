@@ -55,6 +55,35 @@ TEST(Float32Matmul, ReadsSlicesOfWiderMatricesInPlace) {
   EXPECT_TRUE(at::equal(float32_matmul(a, b), at::mm(a, b)));
 }
 
+// A GEMM convolution's weight [Cout, Cin·kh·kw] times each image's columns [Cin·kh·kw, H'·W'], plus the bias down
+// the columns: each sample as at::addmm makes it alone, whether the batch is contiguous or a view of one.
+TEST(Float32Matmul, ProductsPerSampleAreEachSamplesProduct) {
+  at::manual_seed(5);
+  const at::Tensor w = at::randn({64, 288}), bias = at::randn({64});
+  const at::Tensor contiguous = at::randn({3, 288, 64}), strided = at::randn({3, 64, 288}).transpose(1, 2);
+  for (const at::Tensor& columns : {contiguous, strided}) {
+    ASSERT_TRUE(float32_per_sample_fits(w, columns));
+    const at::Tensor with_bias = float32_addmm_per_sample(bias, w, columns);
+    const at::Tensor without = float32_addmm_per_sample(at::Tensor(), w, columns);
+    EXPECT_EQ(with_bias.sizes(), (at::IntArrayRef{3, 64, 64}));
+    for (int64_t s = 0; s < 3; ++s) {
+      EXPECT_TRUE(at::equal(with_bias[s], at::addmm(bias.unsqueeze(1), w, columns[s]))) << "sample " << s;
+      EXPECT_TRUE(at::equal(without[s], at::mm(w, columns[s]))) << "sample " << s;
+    }
+  }
+}
+
+TEST(Float32Matmul, NamesAPerSampleBiasOfTheWrongSize) {
+  const at::Tensor w = at::randn({8, 4}), columns = at::randn({2, 4, 6});
+  try {
+    float32_addmm_per_sample(at::randn({6}), w, columns);
+    FAIL() << "expected an error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("expected a contiguous float32 bias of 8 values, got [6]"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Float32Matmul, LeavesAtenWhatItDoesNotTake) {
   const at::Tensor a = at::randn({8, 4}), b = at::randn({4, 6});
   EXPECT_FALSE(float32_matmul_fits(a.to(at::kDouble), b.to(at::kDouble)));
@@ -68,6 +97,10 @@ TEST(Float32Matmul, LeavesAtenWhatItDoesNotTake) {
   EXPECT_FALSE(float32_linear_fits(a, weight, at::randn({5})));                      // bias of the wrong size
   EXPECT_FALSE(float32_linear_fits(a, weight, at::randn({6}).to(at::kDouble)));      // bias of another dtype
   EXPECT_FALSE(float32_linear_fits(a, weight, at::randn({12}).slice(0, 0, 12, 2)));  // strided bias
+  EXPECT_TRUE(float32_per_sample_fits(a, at::randn({2, 4, 6})));
+  EXPECT_FALSE(float32_per_sample_fits(a, at::randn({2, 5, 6})));  // inner sizes differ
+  EXPECT_FALSE(float32_per_sample_fits(a, at::randn({0, 4, 6})));  // no samples
+  EXPECT_FALSE(float32_per_sample_fits(a, at::randn({4, 6})));     // not a batch
 }
 
 }  // namespace
