@@ -5,6 +5,8 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
+#include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "core/error.h"
@@ -33,60 +35,113 @@ struct Geometry {
   int64_t column_rows_per_plane() const { return kh * kw; }
   int64_t map_pixels() const { return height * width; }
   int64_t out_pixels() const { return out_h * out_w; }
-  // The input row a patch row ky reads for output row oy (outside [0, height) in the padding).
-  int64_t input_row(int64_t oy, int64_t ky) const { return oy * sh - ph + ky; }
-  // The output columns [first, last) whose patch column kx falls inside the map (first <= last).
-  int64_t first_inside(int64_t kx) const { return std::clamp<int64_t>((pw - kx + sw - 1) / sw, 0, out_w); }
-  int64_t last_inside(int64_t kx) const {
-    const int64_t last = width - 1 + pw - kx < 0 ? 0 : std::min(out_w, (width - 1 + pw - kx) / sw + 1);
-    return std::max(first_inside(kx), last);
-  }
-  // Where in the map output column ox of patch column kx reads.
-  int64_t input_column(int64_t ox, int64_t kx) const { return ox * sw - pw + kx; }
   // Planes per parallel chunk: enough copying to be worth a thread.
   int64_t grain() const { return std::max<int64_t>(1, (32 << 10) / std::max<int64_t>(1, kh * kw * out_pixels())); }
 };
 
-// Plain loops rather than std::fill/std::copy: rows of SD's lowest levels are 4-8 elements long, where a library call
-// per row costs more than the row (1.6x slower on a 1280-channel 8x8 map).
+// Copies n elements in fixed-size moves: rows of SD's lowest levels are 4-16 elements long, where a call to memcpy
+// costs more than the row and an element-by-element loop (which the compiler did not vectorize) ran at 1-3 GB/s.
 template <typename T>
-void unfold_plane(const T* plane, T* columns, const Geometry& g) {
-  const T zero(0);
-  for (int64_t ky = 0; ky < g.kh; ++ky)
-    for (int64_t kx = 0; kx < g.kw; ++kx) {
-      const int64_t lo = g.first_inside(kx), hi = g.last_inside(kx);
-      for (int64_t oy = 0; oy < g.out_h; ++oy, columns += g.out_w) {
-        const int64_t iy = g.input_row(oy, ky);
-        const bool row_inside = iy >= 0 && iy < g.height;
-        const int64_t first = row_inside ? lo : g.out_w, last = row_inside ? hi : g.out_w;
-        for (int64_t ox = 0; ox < first; ++ox) columns[ox] = zero;
-        if (first < last) {
-          const T* src = plane + iy * g.width + g.input_column(first, kx);
-          if (g.sw == 1)
-            for (int64_t i = 0; i < last - first; ++i) columns[first + i] = src[i];
-          else
-            for (int64_t i = 0; i < last - first; ++i) columns[first + i] = src[i * g.sw];
-        }
-        for (int64_t ox = last; ox < g.out_w; ++ox) columns[ox] = zero;
-      }
+inline void copy_run(T* __restrict dst, const T* __restrict src, int64_t n) {
+  auto* d = reinterpret_cast<char*>(dst);
+  const auto* s = reinterpret_cast<const char*>(src);
+  int64_t bytes = n * static_cast<int64_t>(sizeof(T));
+  for (; bytes >= 32; bytes -= 32, d += 32, s += 32) std::memcpy(d, s, 32);
+  for (const int64_t chunk : {16, 8, 4, 2})
+    if (bytes >= chunk) {
+      std::memcpy(d, s, static_cast<size_t>(chunk));
+      bytes -= chunk, d += chunk, s += chunk;
     }
 }
 
-// The adjoint of unfold_plane, summed in `sum` (the plane's pixels, overwritten) in at::col2im's order.
-template <typename T, typename Sum>
-void fold_plane(const T* columns, T* plane, const Geometry& g, Sum* sum) {
-  std::fill(sum, sum + g.map_pixels(), Sum(0));
-  for (int64_t ky = 0; ky < g.kh; ++ky)
-    for (int64_t kx = 0; kx < g.kw; ++kx) {
-      const int64_t lo = g.first_inside(kx), hi = g.last_inside(kx);
-      for (int64_t oy = 0; oy < g.out_h; ++oy, columns += g.out_w) {
-        const int64_t iy = g.input_row(oy, ky);
-        if (iy < 0 || iy >= g.height) continue;
-        Sum* row = sum + iy * g.width;
-        for (int64_t ox = lo; ox < hi; ++ox) row[g.input_column(ox, kx)] += static_cast<Sum>(columns[ox]);
-      }
+// A plane with its zero padding around it, [height + 2·ph][width + 2·pw]: every row of patch entries is then one
+// run of it, read at the stride, with no test for the border.
+template <typename T>
+class PaddedPlane {
+ public:
+  explicit PaddedPlane(const Geometry& g)
+      : g_(g), width_(g.width + 2 * g.pw), values_(static_cast<size_t>((g.height + 2 * g.ph) * width_), T(0)) {}
+
+  // The map's pixels into the middle; the border stays zero.
+  void fill(const T* plane) {
+    for (int64_t iy = 0; iy < g_.height; ++iy) copy_run(row(iy + g_.ph) + g_.pw, plane + iy * g_.width, g_.width);
+  }
+  // Padded row y (input row y - ph).
+  T* row(int64_t y) { return values_.data() + y * width_; }
+  int64_t width() const { return width_; }
+  // The map's pixels out of the middle, converted to U.
+  template <typename U>
+  void read_into(U* plane) {
+    for (int64_t iy = 0; iy < g_.height; ++iy) {
+      const T* from = row(iy + g_.ph) + g_.pw;
+      for (int64_t ix = 0; ix < g_.width; ++ix) plane[iy * g_.width + ix] = static_cast<U>(from[ix]);
     }
-  std::transform(sum, sum + g.map_pixels(), plane, [](Sum s) { return static_cast<T>(s); });
+  }
+  void zero() { std::fill(values_.begin(), values_.end(), T(0)); }
+
+ private:
+  const Geometry& g_;
+  int64_t width_;
+  std::vector<T> values_;
+};
+
+// Runs f(W, S), two std::integral_constant<int64_t>, with the rows' width W and the stride S across them when they
+// are one of SD's small maps' (3x3 convolutions at 16, 8 or 4 pixels a side, downsamplers to 8 or 4): the row loops
+// then unroll into a few moves. Else W = S = 0: any width and stride.
+template <typename F>
+void with_row_shape(const Geometry& g, F&& f) {
+  using std::integral_constant;
+  if (g.sw == 1) switch (g.out_w) {
+      case 4: return f(integral_constant<int64_t, 4>{}, integral_constant<int64_t, 1>{});
+      case 8: return f(integral_constant<int64_t, 8>{}, integral_constant<int64_t, 1>{});
+      case 16: return f(integral_constant<int64_t, 16>{}, integral_constant<int64_t, 1>{});
+    }
+  if (g.sw == 2) switch (g.out_w) {
+      case 4: return f(integral_constant<int64_t, 4>{}, integral_constant<int64_t, 2>{});
+      case 8: return f(integral_constant<int64_t, 8>{}, integral_constant<int64_t, 2>{});
+    }
+  f(integral_constant<int64_t, 0>{}, integral_constant<int64_t, 0>{});
+}
+
+// columns[ky][kx][oy][ox] = padded[oy·sh + ky][ox·sw + kx]. The geometry is read into locals first: the copies'
+// byte stores could alias it, and reloading it for every row cost as much as the row.
+template <int64_t kRowWidth, int64_t kStride, typename T>
+void unfold_plane(const T* plane, T* __restrict columns, const Geometry& g, PaddedPlane<T>& padded) {
+  padded.fill(plane);
+  const int64_t kh = g.kh, kw = g.kw, out_h = g.out_h, out_w = kRowWidth ? kRowWidth : g.out_w, sh = g.sh,
+                sw = kStride ? kStride : g.sw;
+  const T* top = padded.row(0);
+  const int64_t width = padded.width();
+  for (int64_t ky = 0; ky < kh; ++ky)
+    for (int64_t kx = 0; kx < kw; ++kx)
+      for (int64_t oy = 0; oy < out_h; ++oy, columns += out_w) {
+        const T* src = top + (oy * sh + ky) * width + kx;
+        if (sw == 1)
+          copy_run(columns, src, out_w);
+        else
+          for (int64_t ox = 0; ox < out_w; ++ox) columns[ox] = src[ox * sw];
+      }
+}
+
+// The adjoint of unfold_plane, summed in `sum` in at::col2im's order (the entries in the border fall away), then
+// rounded once into `plane`.
+template <int64_t kRowWidth, int64_t kStride, typename T, typename Sum>
+void fold_plane(const T* __restrict columns, T* plane, const Geometry& g, PaddedPlane<Sum>& sum) {
+  sum.zero();
+  const int64_t kh = g.kh, kw = g.kw, out_h = g.out_h, out_w = kRowWidth ? kRowWidth : g.out_w, sh = g.sh,
+                sw = kStride ? kStride : g.sw;
+  Sum* top = sum.row(0);
+  const int64_t width = sum.width();
+  for (int64_t ky = 0; ky < kh; ++ky)
+    for (int64_t kx = 0; kx < kw; ++kx)
+      for (int64_t oy = 0; oy < out_h; ++oy, columns += out_w) {
+        Sum* __restrict row = top + (oy * sh + ky) * width + kx;
+        if (sw == 1)
+          for (int64_t ox = 0; ox < out_w; ++ox) row[ox] += static_cast<Sum>(columns[ox]);
+        else
+          for (int64_t ox = 0; ox < out_w; ++ox) row[ox * sw] += static_cast<Sum>(columns[ox]);
+      }
+  sum.read_into(plane);
 }
 
 at::Tensor unfold(const at::Tensor& x, const Geometry& g) {
@@ -96,8 +151,12 @@ at::Tensor unfold(const at::Tensor& x, const Geometry& g) {
     const scalar_t* src = in.data_ptr<scalar_t>();
     scalar_t* dst = columns.data_ptr<scalar_t>();
     sd::parallel_for(0, x.size(0) * x.size(1), g.grain(), [&](int64_t begin, int64_t end) {
-      for (int64_t p = begin; p < end; ++p)
-        unfold_plane(src + p * g.map_pixels(), dst + p * g.column_rows_per_plane() * g.out_pixels(), g);
+      PaddedPlane<scalar_t> padded(g);
+      with_row_shape(g, [&](auto width, auto stride) {
+        for (int64_t p = begin; p < end; ++p)
+          unfold_plane<width(), stride()>(src + p * g.map_pixels(),
+                                          dst + p * g.column_rows_per_plane() * g.out_pixels(), g, padded);
+      });
     });
   });
   return columns;
@@ -111,9 +170,12 @@ at::Tensor fold(const at::Tensor& columns, int64_t batch, int64_t channels, cons
     const scalar_t* src = in.data_ptr<scalar_t>();
     scalar_t* dst = map.data_ptr<scalar_t>();
     sd::parallel_for(0, batch * channels, g.grain(), [&](int64_t begin, int64_t end) {
-      std::vector<Sum> sum(static_cast<size_t>(g.map_pixels()));
-      for (int64_t p = begin; p < end; ++p)
-        fold_plane(src + p * g.column_rows_per_plane() * g.out_pixels(), dst + p * g.map_pixels(), g, sum.data());
+      PaddedPlane<Sum> sum(g);
+      with_row_shape(g, [&](auto width, auto stride) {
+        for (int64_t p = begin; p < end; ++p)
+          fold_plane<width(), stride()>(src + p * g.column_rows_per_plane() * g.out_pixels(), dst + p * g.map_pixels(),
+                                        g, sum);
+      });
     });
   });
   return map;

@@ -16,10 +16,14 @@ struct Case {
 };
 
 // SD's 3x3 convolution, the VAE's and the UNet's downsamplers on odd and even maps, a kernel wider than the
-// padding can cover, a padded 1x1 kernel, a map the size of the kernel.
+// padding can cover, a padded 1x1 kernel, a map the size of the kernel, a row long enough (37 pixels) for several of
+// unfold's fixed-size moves, and every row shape the kernels unroll (16, 8 and 4 pixels at stride 1, 8 and 4 at
+// stride 2), one of them under a 5x5 kernel.
 const std::vector<Case> kCases = {
-    {1, 3, 5, 5, 3, 1, 1}, {2, 4, 6, 7, 3, 1, 1}, {2, 3, 6, 6, 3, 0, 2}, {2, 3, 7, 6, 3, 1, 2},
-    {1, 2, 4, 9, 5, 1, 1}, {1, 2, 3, 4, 1, 1, 1}, {3, 2, 3, 3, 3, 0, 1}, {1, 2, 9, 8, 4, 2, 3},
+    {1, 3, 5, 5, 3, 1, 1},   {2, 4, 6, 7, 3, 1, 1},   {2, 3, 6, 6, 3, 0, 2}, {2, 3, 7, 6, 3, 1, 2},
+    {1, 2, 4, 9, 5, 1, 1},   {1, 2, 3, 4, 1, 1, 1},   {3, 2, 3, 3, 3, 0, 1}, {1, 2, 9, 8, 4, 2, 3},
+    {1, 2, 5, 37, 3, 1, 1},  {2, 2, 16, 16, 3, 1, 1}, {1, 2, 8, 8, 3, 1, 1}, {2, 2, 4, 4, 3, 1, 1},
+    {1, 2, 16, 16, 3, 1, 2}, {1, 2, 8, 8, 3, 1, 2},   {1, 2, 8, 8, 5, 2, 1},
 };
 
 at::Tensor libtorch_im2col(const at::Tensor& x, const Case& c) {
