@@ -72,7 +72,7 @@ struct MatmulKey {
 };
 
 struct Matmul {
-  memory::desc a, b, bias, c;
+  memory::desc a, b, bias, c, scratchpad;
   dnnl::matmul primitive;
   bool one_thread;  // run on the calling thread alone (kMostOneThreadProduct)
 };
@@ -105,8 +105,10 @@ const Matmul& matmul_for(const MatmulKey& key) {
             key.bias ? memory::desc({1, key.n}, bf16, {key.n, 1}) : memory::desc(),
             memory::desc({key.m, key.n}, key.float_output ? memory::data_type::f32 : bf16, {key.ldc, 1}),
             {},
+            {},
             one_thread};
-  dnnl::primitive_attr attr;
+  dnnl::primitive_attr attr;  // (the scratchpad: see scratchpad_for)
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (key.alpha != 1.f) attr.set_output_scales(0, {key.alpha});  // unset, the product is at::mm's to the bit
   if (key.accumulate) {
     dnnl::post_ops sum;
@@ -115,8 +117,24 @@ const Matmul& matmul_for(const MatmulKey& key) {
   }
   const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(mm.a, mm.b, mm.bias, mm.c), attr, cpu_engine());
   mm.b = pd.weights_desc();  // the plain layout given, or the blocked one oneDNN picked for a packed b
+  mm.scratchpad = pd.scratchpad_desc();
   mm.primitive = dnnl::matmul(pd);
   return matmuls.emplace(key, std::move(mm)).first->second;
+}
+
+// Where a product's oneDNN scratchpad goes (oneDNN reorders b into it for its kernels: a few KB for most products,
+// 30-60 MB for SD-1.5's 3x3 convolutions of 1280 channels). Left to oneDNN, each kept primitive holds its own for the
+// run, ~180 MB over an SD-1.5 training step's shapes; here the large ones come from the allocator on each call, as
+// at::mm's do, and the small ones share a buffer kept per thread, since an allocation per call would add to the
+// per-op cost that dominates tiny models' thousands of products. `large` holds a large one until the product is done.
+void* scratchpad_for(size_t bytes, at::Tensor& large) {
+  constexpr int64_t kKeptScratchpadBytes = int64_t{1} << 20;
+  if (bytes > static_cast<size_t>(kKeptScratchpadBytes)) {
+    large = at::empty({static_cast<int64_t>(bytes)}, at::kByte);
+    return large.data_ptr();
+  }
+  thread_local const at::Tensor kept = at::empty({kKeptScratchpadBytes}, at::kByte);
+  return kept.data_ptr();
 }
 
 void run(const Matmul& mm, const void* a, const void* b, const void* bias, void* c) {
@@ -128,6 +146,9 @@ void run(const Matmul& mm, const void* a, const void* b, const void* bias, void*
   std::unordered_map<int, memory> args{
       {DNNL_ARG_SRC, wrap(mm.a, a)}, {DNNL_ARG_WEIGHTS, wrap(mm.b, b)}, {DNNL_ARG_DST, wrap(mm.c, c)}};
   if (bias) args.emplace(DNNL_ARG_BIAS, wrap(mm.bias, bias));
+  at::Tensor large_scratchpad;
+  if (const size_t bytes = mm.scratchpad.get_size())
+    args.emplace(DNNL_ARG_SCRATCHPAD, wrap(mm.scratchpad, scratchpad_for(bytes, large_scratchpad)));
   mm.primitive.execute(cpu_stream(), args);
 }
 
