@@ -56,7 +56,8 @@ std::vector<Shape> transformer_shapes(const std::string& model, int64_t resoluti
 
 // The products of one shape: as autograd runs them in training, and as a frozen layer runs them (bf16 in oneDNN).
 struct Products {
-  std::function<void()> forward, input_grad, weight_grad, frozen_forward, frozen_input_grad, layer_forward;
+  std::function<void()> forward, input_grad, weight_grad, frozen_forward, frozen_input_grad, layer_forward,
+      transposed_input_grad;
 };
 
 Products linear_products(const Shape& s, const at::TensorOptions& options) {
@@ -82,6 +83,7 @@ Products conv_products(const Shape& s, const at::TensorOptions& options) {
   Products p;
   p.forward = [=] { at::addmm(bias.unsqueeze(1), w, columns); };
   p.input_grad = [=] { at::mm(w.t(), dy); };
+  p.transposed_input_grad = [=] { sd::mm(dy.t(), w); };  // (dYᵀ·w)ᵀ, as models/conv2d.cpp takes it on small maps
   p.weight_grad = [=] { at::mm(dy, columns.t()); };
   if (sd::onednn_matmul_fits(w, columns)) {  // a kept primitive forward; the input gradient as FrozenWeight takes it
     auto packed = std::make_shared<sd::PackedMatrix>();
@@ -137,6 +139,7 @@ int main(int argc, char** argv) {
                            {"input_grad_gflops", gflops_of(p.input_grad, flops)},
                            {"weight_grad_gflops", gflops_of(p.weight_grad, flops)}};
     if (p.layer_forward) line["layer_forward_gflops"] = gflops_of(p.layer_forward, flops);
+    if (p.transposed_input_grad) line["transposed_input_grad_gflops"] = gflops_of(p.transposed_input_grad, flops);
     if (p.frozen_forward) {
       line["frozen_forward_gflops"] = gflops_of(p.frozen_forward, flops);
       line["frozen_input_grad_gflops"] = gflops_of(p.frozen_input_grad, flops);

@@ -39,7 +39,7 @@ TEST(Conv2d, GemmPathEqualsLibTorchsConvolutionForwardAndBackward) {
       {2, 5, 4, 3, 7, 6, 2, 1, false},  // the UNet's downsampler, odd size, no bias
       {2, 9, 3, 1, 4, 4, 1, 0, true},   // 1x1 projection or shortcut
   };
-  for (const at::ScalarType dtype : {at::kDouble, at::kFloat}) {
+  for (const at::ScalarType dtype : {at::kDouble, at::kFloat, at::kBFloat16}) {
     for (const Shape& s : shapes) {
       SCOPED_TRACE(::testing::Message() << c10::toString(dtype) << " batch " << s.batch << " kernel " << s.kernel
                                         << " stride " << s.stride << " padding " << s.padding);
@@ -53,7 +53,8 @@ TEST(Conv2d, GemmPathEqualsLibTorchsConvolutionForwardAndBackward) {
           run([&](auto& a, auto& c, auto& d) { return at::conv2d(a, c, d, stride, padding); }, x, w, b, grad);
       const Result gemm =
           run([&](auto& a, auto& c, auto& d) { return conv2d_as_gemm(a, c, d, stride, padding); }, x, w, b, grad);
-      const double tol = dtype == at::kDouble ? 1e-12 : 1e-5;  // summation order only
+      // Summation order only; bf16 also rounds the products' inputs and outputs.
+      const double tol = dtype == at::kDouble ? 1e-12 : dtype == at::kFloat ? 1e-5 : 2e-2;
       EXPECT_TRUE(sd::test::close_rel_max(gemm.out, ref.out, tol));
       EXPECT_TRUE(sd::test::close_rel_max(gemm.dx, ref.dx, tol));
       EXPECT_TRUE(sd::test::close_rel_max(gemm.dw, ref.dw, tol));
@@ -65,28 +66,32 @@ TEST(Conv2d, GemmPathEqualsLibTorchsConvolutionForwardAndBackward) {
   }
 }
 
-// The GEMM path's own float32 backward (maps of up to 64 pixels) gives only the gradients autograd asks for, each
-// LibTorch's: a frozen weight without a kept transpose, or an input that needs no gradient (the UNet's first
-// convolution).
+// The GEMM path's own backward (float32 maps of up to 64 pixels, every bf16 one) gives only the gradients autograd
+// asks for, each LibTorch's: a frozen weight without a kept transpose, or an input that needs no gradient (the UNet's
+// first convolution).
 TEST(Conv2d, GemmPathComputesOnlyTheGradientsAsked) {
-  at::manual_seed(3);
-  const at::Tensor x0 = at::randn({1, 6, 4, 4}, at::kFloat), w0 = at::randn({5, 6, 3, 3}, at::kFloat),
-                   b0 = at::randn({5}, at::kFloat), grad = at::randn({1, 5, 4, 4}, at::kFloat);
-  for (const bool input_needs_grad : {false, true}) {
-    const at::Tensor x = x0.detach().requires_grad_(input_needs_grad),
-                     w = w0.detach().requires_grad_(!input_needs_grad),
-                     b = b0.detach().requires_grad_(!input_needs_grad);
-    conv2d_as_gemm(x, w, b, {1, 1}, {1, 1}).backward(grad);
-    const at::Tensor xr = x0.detach().requires_grad_(), wr = w0.detach().requires_grad_(),
-                     br = b0.detach().requires_grad_();
-    at::conv2d(xr, wr, br, {1, 1}, {1, 1}).backward(grad);
-    EXPECT_EQ(x.grad().defined(), input_needs_grad);
-    EXPECT_EQ(w.grad().defined(), !input_needs_grad);
-    if (input_needs_grad) {
-      EXPECT_TRUE(sd::test::close_rel_max(x.grad(), xr.grad(), 1e-5));
-    } else {
-      EXPECT_TRUE(sd::test::close_rel_max(w.grad(), wr.grad(), 1e-5));
-      EXPECT_TRUE(sd::test::close_rel_max(b.grad(), br.grad(), 1e-5));
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    at::manual_seed(3);
+    const at::Tensor x0 = at::randn({1, 6, 4, 4}, dtype), w0 = at::randn({5, 6, 3, 3}, dtype),
+                     b0 = at::randn({5}, dtype), grad = at::randn({1, 5, 4, 4}, dtype);
+    const double tol = dtype == at::kFloat ? 1e-5 : 2e-2;
+    for (const bool input_needs_grad : {false, true}) {
+      const at::Tensor x = x0.detach().requires_grad_(input_needs_grad),
+                       w = w0.detach().requires_grad_(!input_needs_grad),
+                       b = b0.detach().requires_grad_(!input_needs_grad);
+      conv2d_as_gemm(x, w, b, {1, 1}, {1, 1}).backward(grad);
+      const at::Tensor xr = x0.detach().requires_grad_(), wr = w0.detach().requires_grad_(),
+                       br = b0.detach().requires_grad_();
+      at::conv2d(xr, wr, br, {1, 1}, {1, 1}).backward(grad);
+      EXPECT_EQ(x.grad().defined(), input_needs_grad);
+      EXPECT_EQ(w.grad().defined(), !input_needs_grad);
+      if (input_needs_grad) {
+        EXPECT_TRUE(sd::test::close_rel_max(x.grad(), xr.grad(), tol));
+      } else {
+        EXPECT_TRUE(sd::test::close_rel_max(w.grad(), wr.grad(), tol));
+        EXPECT_TRUE(sd::test::close_rel_max(b.grad(), br.grad(), tol));
+      }
     }
   }
 }
