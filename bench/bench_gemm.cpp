@@ -83,7 +83,7 @@ Products conv_products(const Shape& s, const at::TensorOptions& options) {
   Products p;
   p.forward = [=] { at::addmm(bias.unsqueeze(1), w, columns); };
   p.input_grad = [=] { at::mm(w.t(), dy); };
-  p.transposed_input_grad = [=] { sd::mm(dy.t(), w); };  // (dYᵀ·w)ᵀ, as models/conv2d.cpp takes it on small maps
+  p.transposed_input_grad = [=] { sd::mm(dy.t(), w); };  // (dYᵀ·w)ᵀ, as models/conv2d.cpp takes float32's on small maps
   p.weight_grad = [=] { at::mm(dy, columns.t()); };
   if (sd::onednn_matmul_fits(w, columns)) {  // a kept primitive forward; the input gradient as FrozenWeight takes it
     auto packed = std::make_shared<sd::PackedMatrix>();

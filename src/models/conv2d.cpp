@@ -97,16 +97,15 @@ struct FrozenGemm : torch::autograd::Function<FrozenGemm> {
   }
 };
 
-// affine() with the input's gradient taken as (dYᵀ·w)ᵀ rather than autograd's wᵀ·dY, whose transposed operand and
-// narrow output oneDNN multiplies slowly on small maps. float32, on maps of at most kMostPixelsTransposedInputGradient
-// pixels: bench_conv, the gemm path against LibTorch's in the same run (before -> after, two runs), batch 1: 3x3 at
-// 8x8 1.18 -> 1.47, 1.31; 3x3 at 4x4 1.32 -> 1.47, 1.44; 1x1 at 4x4 1.18 -> 1.54, 1.42; batch 4: 3x3 at 8x8 1.08 ->
-// 0.94, 1.02; 3x3 at 4x4 1.30 -> 1.68, 1.52; at 16x16 it gained nothing. bf16, on every map that runs as a GEMM:
-// bench_gemm --cold (AVX512_BF16 Zen 5, GFLOP/s wᵀ·dY -> dYᵀ·w): 3x3 at 8x8 451 -> 547, at 4x4 157 -> 206; 3x3 from
-// 2560 channels at 8x8 401 -> 504, at 4x4 157 -> 221; 1x1 of 1280 at 8x8 280 -> 422, at 4x4 94 -> 171; 1x1 of 640 at
-// 16x16 397 -> 466, of 320 at 32x32 449 -> 489. Neither rule looks at the batch, so a batch's images take the path
-// they take alone: the products then round alike whether ranks split the batch or one rank runs it (an input
-// gradient rounded another way flips the sign of AdamW's first steps on near-zero gradients).
+// affine() for maps of at most kMostPixelsTransposedInputGradient pixels, with the input's gradient taken as (dYᵀ·w)ᵀ
+// rather than autograd's wᵀ·dY: for so few pixels wᵀ·dY is a GEMM with a transposed operand and a narrow output,
+// which oneDNN ran at 97-160 GFLOP/s against 170-270 for dYᵀ·w on SD-1.5's 8x8 and 4x4 maps. bench_conv, float32,
+// the gemm path against LibTorch's in the same run (before -> after, two runs), batch 1: 3x3 at 8x8 1.18 -> 1.47,
+// 1.31; 3x3 at 4x4 1.32 -> 1.47, 1.44; 1x1 at 4x4 1.18 -> 1.54, 1.42; batch 4: 3x3 at 8x8 1.08 -> 0.94, 1.02; 3x3
+// at 4x4 1.30 -> 1.68, 1.52. At 16x16 it gained nothing. The rule is per map, not per batch, so a batch's images
+// take the path they take alone: the products then round alike whether ranks split the batch or one rank runs it
+// (an input gradient rounded another way flips the sign of AdamW's first steps on near-zero gradients). float32
+// only: bf16 products need a CPU with bf16 instructions to be measured (docs/benchmarks.md).
 constexpr int64_t kMostPixelsTransposedInputGradient = 64;
 struct TransposedInputGradientGemm : torch::autograd::Function<TransposedInputGradientGemm> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
@@ -121,8 +120,8 @@ struct TransposedInputGradientGemm : torch::autograd::Function<TransposedInputGr
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& x = saved[0];
     const at::Tensor& w = saved[1];
-    return {ctx->needs_input_grad(0) ? sd::mm(dy.t(), w).t() : at::Tensor(),
-            ctx->needs_input_grad(1) ? sd::mm(dy, x.t()) : at::Tensor(),
+    return {ctx->needs_input_grad(0) ? at::mm(dy.t(), w).t() : at::Tensor(),
+            ctx->needs_input_grad(1) ? at::mm(dy, x.t()) : at::Tensor(),
             ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2) ? dy.sum(1) : at::Tensor()};
   }
 };
@@ -162,7 +161,7 @@ at::Tensor conv2d_as_gemm(const at::Tensor& x, const at::Tensor& weight, const a
   const at::Tensor w = weight.reshape({cout, -1});
   const c10::optional<at::Tensor> maybe_bias = bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt;
   if (frozen) return FrozenGemm::apply(columns, w, maybe_bias, frozen, oh, ow);
-  if (x.scalar_type() == at::kBFloat16 || oh * ow <= kMostPixelsTransposedInputGradient)
+  if (x.scalar_type() == at::kFloat && oh * ow <= kMostPixelsTransposedInputGradient)
     return as_maps(TransposedInputGradientGemm::apply(columns_as_matrix(columns), w, maybe_bias), n, oh, ow);
   return convolve_columns(w, columns, bias, oh, ow);
 }

@@ -66,9 +66,9 @@ TEST(Conv2d, GemmPathEqualsLibTorchsConvolutionForwardAndBackward) {
   }
 }
 
-// The GEMM path's own backward (float32 maps of up to 64 pixels, every bf16 one) gives only the gradients autograd
-// asks for, each LibTorch's: a frozen weight without a kept transpose, or an input that needs no gradient (the UNet's
-// first convolution).
+// The GEMM path's backward (its own for float32 maps of up to 64 pixels, autograd's for bf16) gives only the gradients
+// autograd asks for, each LibTorch's: a frozen weight without a kept transpose, or an input that needs no gradient (the
+// UNet's first convolution).
 TEST(Conv2d, GemmPathComputesOnlyTheGradientsAsked) {
   for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
     SCOPED_TRACE(c10::toString(dtype));
