@@ -178,9 +178,18 @@ SD_INLINE Vec kept_rounded(Vec x) {
   asm("" : "+v"(x));
   return x;
 }
+// A constant the compiler must hold in a register. Blended in under a mask, GCC otherwise folds it into a masked load
+// from .rodata (vbroadcastss const, zmm{k}); where the mask is almost always empty (no NaN lanes, no padding) the
+// constant's page may never be read, so never mapped, and each such load of an unmapped page takes a
+// fault-suppression assist: ~170 ns a vector on the Zen 5 host, which made AdamW's pass 30x slower in whole runs
+// (docs/benchmarks.md, fifty-fourth sitting). The masked_constant_loads test checks the binary for such loads.
+SD_INLINE Vec in_register(Vec x) {
+  asm("" : "+v"(x));
+  return x;
+}
 SD_INLINE Vec canonical_nans(Vec x) {
   return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x,
-                              _mm512_castsi512_ps(_mm512_set1_epi32(0x7FC00000)));
+                              in_register(_mm512_castsi512_ps(_mm512_set1_epi32(0x7FC00000))));
 }
 SD_INLINE Vec select_where_negative(Vec x, Vec negative, Vec otherwise) {
   return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, zero(), _CMP_LT_OQ), otherwise, negative);
@@ -219,7 +228,7 @@ SD_INLINE float horizontal_max(Vec x) {
 SD_INLINE Vec minus_infinity_past(Vec x, int64_t first, int64_t keys) {
   const int64_t valid = keys - first;  // < 16 here
   const __mmask16 padding = static_cast<__mmask16>(valid <= 0 ? 0xFFFF : 0xFFFF << valid);
-  return _mm512_mask_blend_ps(padding, x, splat(-INFINITY));
+  return _mm512_mask_blend_ps(padding, x, in_register(splat(-INFINITY)));
 }
 
 // The first `count` (0 ... 15) lanes from p, `fill` in the others; and storing only those lanes.
