@@ -5,7 +5,8 @@
 // The bf16 training step's two forms: float32 gradients, then a separate refresh of the bf16 compute weights
 // (28 + 6 bytes), against bf16 gradients read and the bf16 weights written in the same pass (2 + 12 + 12 + 2 = 28).
 // The gradient norm (clip_grad_norm_'s pass, 4 bytes) over parameter-sized pieces of 2M values: one piece after
-// another, against the threads each taking whole pieces; and over bf16 pieces (2 bytes), as a bf16 step reads them.
+// another, against the threads each taking whole pieces; and over bf16 pieces (2 bytes), as a bf16 step reads them,
+// at the widest vectors and at AVX2's (the same numbers where AVX2 is the widest).
 //   bench_optimizer [millions of parameters, default 100] [threads, default 2]
 #include <torch/optim/adamw.h>
 
@@ -13,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench_util.h"
+#include "core/cpu_features.h"
 #include "core/parallel.h"
 #include "core/threads.h"
 #include "train/adamw.h"
@@ -76,6 +78,10 @@ int main(int argc, char** argv) {
   if (norm_in_turn != norm_shared) std::fprintf(stderr, "the two gradient norms differ\n");
   const std::vector<at::Tensor> bf16_pieces = g_bf16.split(int64_t{1} << 21);
   const auto bf16_norm = sd::bench::time_it([&] { sd::train::sum_of_squared_l2_norms(bf16_pieces); }, 1, 5);
+  const int widest = sd::kernel_vector_bits();
+  sd::set_kernel_vector_bits(256);
+  const auto bf16_norm_avx2 = sd::bench::time_it([&] { sd::train::sum_of_squared_l2_norms(bf16_pieces); }, 1, 5);
+  sd::set_kernel_vector_bits(widest);
 
   auto gbps = [&](double bytes_per_param, double s) { return bytes_per_param * static_cast<double>(n) / s / 1e9; };
   const nlohmann::json result = {{"parameters", n},
@@ -89,6 +95,8 @@ int main(int argc, char** argv) {
                                  {"norm_pieces_shared_by_threads", sd::bench::timing_json(pieces_shared)},
                                  {"norm_bf16_pieces", sd::bench::timing_json(bf16_norm)},
                                  {"norm_bf16_gb_per_s", gbps(2, bf16_norm.median_s)},
+                                 {"norm_bf16_pieces_avx2", sd::bench::timing_json(bf16_norm_avx2)},
+                                 {"kernel_vector_bits", widest},
                                  {"speedup", libtorch.median_s / ours.median_s},
                                  {"norm_speedup", pieces_in_turn.median_s / pieces_shared.median_s},
                                  {"fused_adamw_gb_per_s", gbps(28, ours.median_s)},

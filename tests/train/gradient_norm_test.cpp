@@ -6,6 +6,8 @@
 #include <cmath>
 #include <limits>
 
+#include "test_util.h"
+
 namespace sd::train {
 namespace {
 
@@ -21,16 +23,23 @@ TEST(GradientNorm, Float32IsLibTorchsNormSquared) {
   EXPECT_EQ(squared_l2_norm(g), reference(g));
 }
 
-// Sizes: shorter than one vector, one chunk with a tail, several chunks spread over the threads with a tail.
+// Sizes: shorter than one vector, one chunk with a tail of each width's loop, several chunks spread over the
+// threads with a tail.
 TEST(GradientNorm, Bf16IsTheExactNormOfItsValuesAndLibTorchsWithinItsRounding) {
-  at::manual_seed(0);
-  for (const int64_t n : {int64_t{5}, int64_t{1000}, (int64_t{5} << 16) + 3}) {
-    const at::Tensor g = (at::randn({n}) * 1e-3).to(at::kBFloat16);
-    EXPECT_NEAR(squared_l2_norm(g), exact(g), 1e-12 * exact(g)) << n;
-    // LibTorch's float32 norm itself strays from the exact value (2.5e-5 of the square at 327,683 values).
-    EXPECT_NEAR(squared_l2_norm(g), reference(g), 1e-4 * reference(g)) << n;
+  for (const int bits : test::vector_widths()) {
+    const test::VectorWidth width(bits);
+    at::manual_seed(0);
+    for (const int64_t n : {int64_t{5}, int64_t{1000}, int64_t{1015}, (int64_t{5} << 16) + 3}) {
+      const at::Tensor g = (at::randn({n}) * 1e-3).to(at::kBFloat16);
+      EXPECT_NEAR(squared_l2_norm(g), exact(g), 1e-12 * exact(g)) << n << " values, " << bits << " bits";
+      // LibTorch's float32 norm itself strays from the exact value (2.5e-5 of the square at 327,683 values).
+      EXPECT_NEAR(squared_l2_norm(g), reference(g), 1e-4 * reference(g)) << n << " values, " << bits << " bits";
+    }
+    EXPECT_EQ(squared_l2_norm(at::zeros({17}, at::kBFloat16)), 0.0);
+    // Squared in float64: a value whose square is past float32's range still counts.
+    const at::Tensor large = at::full({40}, 1e20, at::kFloat).to(at::kBFloat16);
+    EXPECT_NEAR(squared_l2_norm(large), exact(large), 1e-12 * exact(large)) << bits << " bits";
   }
-  EXPECT_EQ(squared_l2_norm(at::zeros({17}, at::kBFloat16)), 0.0);
 }
 
 TEST(GradientNorm, Bf16PiecesAreReadFromTheirOffset) {
@@ -39,11 +48,14 @@ TEST(GradientNorm, Bf16PiecesAreReadFromTheirOffset) {
 }
 
 TEST(GradientNorm, AnInfiniteOrNanGradientShows) {
-  at::Tensor g = at::ones({64}, at::kBFloat16);
-  g[9] = std::numeric_limits<float>::infinity();
-  EXPECT_TRUE(std::isinf(squared_l2_norm(g)));
-  g[9] = std::nan("");
-  EXPECT_TRUE(std::isnan(squared_l2_norm(g)));
+  for (const int bits : test::vector_widths()) {
+    const test::VectorWidth width(bits);
+    at::Tensor g = at::ones({64}, at::kBFloat16);
+    g[9] = std::numeric_limits<float>::infinity();
+    EXPECT_TRUE(std::isinf(squared_l2_norm(g))) << bits << " bits";
+    g[9] = std::nan("");
+    EXPECT_TRUE(std::isnan(squared_l2_norm(g))) << bits << " bits";
+  }
 }
 
 // Threads take whole pieces, so each float32 piece keeps LibTorch's digits and the total is their sum in order,
