@@ -247,6 +247,24 @@ json op_rates(const perf::OpProfile& profile) {
   return rates;
 }
 
+// The `n` products (convolutions, matrix products, attention by input shapes) taking the most time, most first: per
+// step their calls and milliseconds, and the GFLOP/s they ran at. Where a step's time goes, shape by shape.
+std::vector<json> top_products(const perf::OpProfile& profile, size_t n, size_t steps) {
+  std::vector<std::pair<double, std::string>> by_time;
+  for (const auto& [name, totals] : profile.products) by_time.emplace_back(totals.seconds, name);
+  std::sort(by_time.rbegin(), by_time.rend());
+  std::vector<json> top;
+  const auto per_step = [&](double x) { return x / static_cast<double>(steps); };
+  for (size_t i = 0; i < std::min(n, by_time.size()); ++i) {
+    const perf::ProductTotals& t = profile.products.at(by_time[i].second);
+    top.push_back({{"op", by_time[i].second},
+                   {"calls_per_step", per_step(static_cast<double>(t.calls))},
+                   {"ms_per_step", per_step(1e3 * t.seconds)},
+                   {"gflops_per_s", t.seconds > 0 ? static_cast<double>(t.flops) / t.seconds / 1e9 : 0.0}});
+  }
+  return top;
+}
+
 // What the run trains besides the task's defaults, for the summary line: " (LoRA rank 4, EMA)", or nothing.
 std::string training_extras(const BenchmarkOptions& o) {
   std::string extras;
@@ -297,6 +315,7 @@ int run_benchmark(BenchmarkOptions o) {
   const double seconds = median(m.step_seconds);
   const size_t steps = m.step_seconds.size();
   const std::optional<double> ops = ops_per_step(m.profile, steps);
+  const std::vector<json> products = top_products(m.profile, 25, steps);
   // A training step takes a batch per micro-batch and rank; a generation takes all its denoising steps for one batch.
   const double images_per_s = static_cast<double>(o.train_batch_size * micro_batches(o) * m.world) /
                               (o.task == "generate" ? seconds * static_cast<double>(steps) : seconds);
@@ -333,6 +352,7 @@ int run_benchmark(BenchmarkOptions o) {
                {"top_ops_seconds", top_ops(m.profile, 15, self_seconds, 1)},
                {"ops_per_step", ops ? json(*ops) : json()},
                {"top_ops_calls_per_step", top_ops(m.profile, 15, calls, static_cast<double>(steps))},
+               {"top_products", products},
                {"network_bytes_per_step",
                 {{"sent", static_cast<double>(m.network.sent) / static_cast<double>(steps)},
                  {"received", static_cast<double>(m.network.received) / static_cast<double>(steps)}}}};
@@ -357,6 +377,12 @@ int run_benchmark(BenchmarkOptions o) {
       if (rates.contains(name)) split += fmt::format(" ({:.0f} GFLOP/s)", rates[name].get<double>());
     }
     log::info("time by op class: {}; {:.0f} ops per step", split, ops.value_or(0));
+    std::string largest;
+    for (size_t i = 0; i < std::min<size_t>(5, products.size()); ++i)
+      largest += fmt::format("{}{} ({:.0f}x) {:.1f} ms at {:.0f} GFLOP/s", largest.empty() ? "" : "; ",
+                             products[i]["op"].get<std::string>(), products[i]["calls_per_step"].get<double>(),
+                             products[i]["ms_per_step"].get<double>(), products[i]["gflops_per_s"].get<double>());
+    if (!largest.empty()) log::info("largest products per step: {}", largest);
   }
   return 0;
 }

@@ -24,6 +24,8 @@ struct Frame {
   double children_s = 0;
   bool is_scope = false;
   bool counts_flops = false;  // the FLOPs of everything inside were counted at this frame
+  int64_t flops = 0;
+  std::string product;  // a product's op and shapes (product_name), for its FLOPs counted here
 };
 
 struct State {
@@ -33,6 +35,7 @@ struct State {
   std::map<OpClass, double> seconds;
   std::map<OpClass, int64_t> flops;
   std::map<std::string, OpTotals> by_op;
+  std::map<std::string, ProductTotals> products;
   mutable std::mutex mutex;  // profile() may read from another thread
 };
 
@@ -90,6 +93,20 @@ int64_t op_flops(const at::RecordFunction& fn) {
   return 0;
 }
 
+// "aten::mm 11520x1280^T 1280x16": the op and its tensor inputs' sizes, ^T marking a matrix that is a transposed
+// view (a product's speed depends on it).
+std::string product_name(const at::RecordFunction& fn) {
+  std::string name = fn.name();
+  for (const c10::IValue& input : fn.inputs()) {
+    if (!input.isTensor() || !input.toTensor().defined()) continue;  // e.g. a convolution without bias
+    const at::Tensor& t = input.toTensor();
+    name += ' ';
+    for (int64_t d = 0; d < t.dim(); ++d) name += (d ? "x" : "") + std::to_string(t.size(d));
+    if (t.dim() == 2 && t.stride(0) == 1 && t.size(1) > 1 && t.stride(1) != 1) name += "^T";
+  }
+  return name;
+}
+
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   State* state = g_state.load();
   if (!state || std::this_thread::get_id() != state->thread) return nullptr;
@@ -109,7 +126,8 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   const bool counts = state->count_flops && !inside_counted && (scope || fn.scope() == at::RecordScope::FUNCTION);
   const int64_t flops = counts ? op_flops(fn) : 0;
   state->flops[c] += flops;
-  state->stack.push_back({name, c, Clock::now(), 0, scope, scope && flops > 0});
+  state->stack.push_back(
+      {name, c, Clock::now(), 0, scope, scope && flops > 0, flops, flops > 0 ? product_name(fn) : std::string()});
   return nullptr;
 }
 
@@ -125,6 +143,12 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   OpTotals& op = state->by_op[f.name];
   op.self_seconds += total - f.children_s;
   ++op.calls;
+  if (!f.product.empty()) {
+    ProductTotals& product = state->products[f.product];
+    product.seconds += total;
+    ++product.calls;
+    product.flops += f.flops;
+  }
   if (!state->stack.empty()) state->stack.back().children_s += total;
 }
 
@@ -183,6 +207,7 @@ OpProfile OpProfiler::profile() const {
   OpProfile p;
   for (const auto& [c, s] : state->seconds) p.seconds[op_class_name(c)] = s;
   p.by_op = state->by_op;
+  p.products = state->products;
   for (const auto& [c, f] : state->flops) {
     if (f > 0) p.flops[op_class_name(c)] = f;
     p.matmul_flops += f;

@@ -34,11 +34,22 @@ struct OpTotals {
   int64_t calls = 0;
 };
 
+// One product's totals (a convolution, matrix product or attention whose FLOPs were counted), over every call of one
+// op on one set of input shapes: its whole time (what ran inside included), calls and FLOPs.
+struct ProductTotals {
+  double seconds = 0;
+  int64_t calls = 0;
+  int64_t flops = 0;
+};
+
 struct OpProfile {
   std::map<std::string, double> seconds;  // by op class name
   int64_t matmul_flops = 0;               // 2 x multiply-adds of convolutions and (batched) matrix products
   std::map<std::string, int64_t> flops;   // matmul_flops by op class name
   std::map<std::string, OpTotals> by_op;  // by op name
+  // With FLOPs counted: by op name and input shapes, e.g. "aten::mm 11520x1280^T 1280x16" (^T: a matrix given as a
+  // transposed view), the roofline of a step shape by shape.
+  std::map<std::string, ProductTotals> products;
 };
 
 // Records while alive (one at a time); profile() reads what was recorded so far.

@@ -84,6 +84,40 @@ TEST(OpProfiler, CountsOnednnProductsAsAtMmWould) {
   EXPECT_EQ(profiler.profile().by_op.at("sdtrain::mm").calls, 2);
 }
 
+// Each product is totalled by op and input shapes, a transposed view marked, with the FLOPs the class totals count.
+TEST(OpProfiler, TotalsProductsByOpAndInputShapes) {
+  const at::Tensor a = at::randn({6, 8}), b = at::randn({8, 5}), b_transposed = at::randn({5, 8}).t();
+  const at::Tensor x = at::randn({1, 2, 6, 6}), w = at::randn({3, 2, 3, 3});
+  perf::OpProfiler profiler(/*count_flops=*/true);
+  at::mm(a, b);
+  at::mm(a, b);
+  at::mm(a, b_transposed);
+  at::conv2d(x, w, {}, /*stride=*/1, /*padding=*/1);
+  const perf::OpProfile profile = profiler.profile();
+  std::string names;
+  for (const auto& [name, totals] : profile.products) names += "'" + name + "' ";
+  ASSERT_EQ(profile.products.size(), 3u) << names;
+  for (const char* name : {"aten::mm 6x8 8x5", "aten::mm 6x8 8x5^T", "aten::convolution 1x2x6x6 3x2x3x3"})
+    ASSERT_EQ(profile.products.count(name), 1u) << name << " among " << names;
+  const perf::ProductTotals& plain = profile.products.at("aten::mm 6x8 8x5");
+  EXPECT_EQ(plain.calls, 2);
+  EXPECT_EQ(plain.flops, 2 * 2 * 6 * 8 * 5);
+  EXPECT_GT(plain.seconds, 0);
+  const perf::ProductTotals& transposed = profile.products.at("aten::mm 6x8 8x5^T");
+  EXPECT_EQ(transposed.calls, 1);
+  EXPECT_EQ(transposed.flops, 2 * 6 * 8 * 5);
+  const perf::ProductTotals& conv = profile.products.at("aten::convolution 1x2x6x6 3x2x3x3");
+  EXPECT_EQ(conv.flops, profile.flops.at("conv"));
+  EXPECT_EQ(plain.flops + transposed.flops, profile.flops.at("linear"));
+}
+
+TEST(OpProfiler, KeepsNoProductsWithoutCountingFlops) {
+  perf::OpProfiler profiler;
+  at::mm(at::randn({4, 4}), at::randn({4, 4}));
+  EXPECT_EQ(profiler.profile().by_op.at("aten::mm").calls, 1);
+  EXPECT_TRUE(profiler.profile().products.empty());
+}
+
 TEST(OpProfiler, ClassifiesOpsAndScopes) {
   EXPECT_EQ(perf::classify_op("aten::convolution_backward"), perf::OpClass::kConv);
   EXPECT_EQ(perf::classify_op("aten::baddbmm"), perf::OpClass::kAttention);
