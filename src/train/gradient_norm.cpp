@@ -9,6 +9,7 @@
 #include "core/cpu_features.h"
 #include "core/error.h"
 #include "core/parallel.h"
+#include "core/simd.h"
 
 namespace sd::train {
 namespace {
@@ -40,23 +41,19 @@ __attribute__((target("avx2,fma"))) double sum_of_squares_avx2(const c10::BFloat
 // Sixty-four values a turn into eight float64 chains: 512-bit units widen and add twice AVX2's values a cycle, and
 // eight chains cover the adds' latency on both FMA pipes (`build/bench_optimizer 200 1`, Zen 5: AVX2 0.027 s, four
 // chains 0.020, eight 0.016). The pass is bound by these instructions, not by memory.
-__attribute__((target("avx512f"))) __m512d squares_added(__m256 v, __m512d sum) {
+SD_BEGIN_AVX512
+__m512d squares_added(__m256 v, __m512d sum) {
   const __m512d d = _mm512_cvtps_pd(v);
   return _mm512_fmadd_pd(d, d, sum);
 }
 
-__attribute__((target("avx512f"))) __m512 load16_bf16(const c10::BFloat16* x) {
-  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-}
-
-__attribute__((target("avx512f"))) double sum_of_squares_avx512(const c10::BFloat16* x, int64_t begin, int64_t end) {
+double sum_of_squares_avx512(const c10::BFloat16* x, int64_t begin, int64_t end) {
   __m512d sums[8];
   for (__m512d& sum : sums) sum = _mm512_setzero_pd();
   int64_t i = begin;
   for (; i + 64 <= end; i += 64)
     for (int part = 0; part < 4; ++part) {
-      const __m512 v = load16_bf16(x + i + 16 * part);
+      const __m512 v = simd::avx512::load(reinterpret_cast<const uint16_t*>(x + i + 16 * part));
       sums[2 * part] = squares_added(_mm512_castps512_ps256(v), sums[2 * part]);
       sums[2 * part + 1] =
           squares_added(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)), sums[2 * part + 1]);
@@ -67,6 +64,7 @@ __attribute__((target("avx512f"))) double sum_of_squares_avx512(const c10::BFloa
   for (; i < end; ++i) sum += static_cast<double>(static_cast<float>(x[i])) * static_cast<float>(x[i]);
   return sum;
 }
+SD_END_TARGET
 
 double sum_of_squares(const c10::BFloat16* x, int64_t begin, int64_t end) {
   static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
