@@ -29,8 +29,10 @@ struct NetworkBytes {
 };
 NetworkBytes network_bytes();
 
-// GFLOP/s of LibTorch's at::mm on n x n matrices of `dtype` with the current intra-op threads: the median of
-// `repeats` after a warm-up. What the machine's matmul kernels reach, the denominator of MFU.
-double gemm_gflops(at::ScalarType dtype, int64_t n = 1024, int repeats = 5);
+// GFLOP/s of LibTorch's at::mm on n x n matrices of `dtype` with the current intra-op threads: the fastest of
+// `repeats` after a warm-up. What the machine's matmul kernels reach, the denominator of MFU: a peak, so the best
+// reading, not a typical one (on a shared host a median of 5 taken just after a run could read 434 where the run's
+// own products had gone at ~500 GFLOP/s, an MFU of 111%).
+double gemm_gflops(at::ScalarType dtype, int64_t n = 1024, int repeats = 20);
 
 }  // namespace sd::perf
