@@ -247,6 +247,25 @@ json op_rates(const perf::OpProfile& profile) {
   return rates;
 }
 
+// The op classes that do matrix products (convolutions, linear layers, attention) taken together: their seconds per
+// step, GFLOP/s and share of the GEMM peak. Against the step's MFU it tells the products' own speed from what the
+// step spends without counted FLOPs (the optimizer's memory-bound pass, elementwise ops, communication).
+json products_rate(const perf::OpProfile& profile, size_t steps, double peak_gflops) {
+  double seconds = 0;
+  std::vector<std::string> classes;
+  for (const auto& [name, flops] : profile.flops)
+    if (profile.seconds.count(name)) {
+      seconds += profile.seconds.at(name);
+      classes.push_back(name);
+    }
+  if (seconds <= 0) return json();
+  const double gflops = static_cast<double>(profile.matmul_flops) / seconds / 1e9;
+  return {{"op_classes", classes},
+          {"seconds_per_step", seconds / static_cast<double>(steps)},
+          {"gflops_per_s", gflops},
+          {"share_of_peak", gflops / peak_gflops}};
+}
+
 // The `n` products (convolutions, matrix products, attention by input shapes) taking the most time, most first: per
 // step their calls and milliseconds, and the GFLOP/s they ran at. Where a step's time goes, shape by shape.
 std::vector<json> top_products(const perf::OpProfile& profile, size_t n, size_t steps) {
@@ -322,6 +341,7 @@ int run_benchmark(BenchmarkOptions o) {
   const double gflops = static_cast<double>(m.flops_per_step) / seconds / 1e9;
   const train::PrecisionPolicy precision = train::PrecisionPolicy::from_flag(o.mixed_precision);
   const double compute_peak = precision.compute == at::kBFloat16 ? bf16_peak : fp32_peak;
+  const json product_rate = products_rate(m.profile, steps, compute_peak);
   const std::string cpu_model = perf::cpu_model_name();
   json line = {{"task", o.task},
                {"lora_rank", o.lora_rank ? json(*o.lora_rank) : json()},
@@ -349,6 +369,7 @@ int run_benchmark(BenchmarkOptions o) {
                {"huge_pages_gib", static_cast<double>(m.huge_pages) / (1 << 30)},
                {"op_seconds", m.profile.seconds},
                {"op_gflops_per_s", op_rates(m.profile)},
+               {"products", product_rate},
                {"top_ops_seconds", top_ops(m.profile, 15, self_seconds, 1)},
                {"ops_per_step", ops ? json(*ops) : json()},
                {"top_ops_calls_per_step", top_ops(m.profile, 15, calls, static_cast<double>(steps))},
@@ -377,6 +398,12 @@ int run_benchmark(BenchmarkOptions o) {
       if (rates.contains(name)) split += fmt::format(" ({:.0f} GFLOP/s)", rates[name].get<double>());
     }
     log::info("time by op class: {}; {:.0f} ops per step", split, ops.value_or(0));
+    if (!product_rate.is_null())
+      log::info("products ({}): {:.0f}% of the step at {:.0f} GFLOP/s = {:.0f}% of the {} GEMM peak",
+                fmt::join(product_rate["op_classes"].get<std::vector<std::string>>(), ", "),
+                100 * product_rate["seconds_per_step"].get<double>() * static_cast<double>(steps) / measured,
+                product_rate["gflops_per_s"].get<double>(), 100 * product_rate["share_of_peak"].get<double>(),
+                dtype_name(precision.compute));
     std::string largest;
     for (size_t i = 0; i < std::min<size_t>(5, products.size()); ++i)
       largest += fmt::format("{}{} ({:.0f}x) {:.1f} ms at {:.0f} GFLOP/s", largest.empty() ? "" : "; ",

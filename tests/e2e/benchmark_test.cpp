@@ -83,6 +83,14 @@ TEST(BenchmarkE2E, UNetTrainingReportsStepsFlopsMfuMemoryAndOpClasses) {
   EXPECT_GT(j["gemm_peak_gflops"]["float32"].get<double>(), 0);
   for (const char* op : {"conv", "linear", "attention", "norm", "optimizer"})
     EXPECT_GT(j["op_seconds"][op].get<double>(), 0) << op;
+  // The products taken together: the classes with counted FLOPs, their time per step and its rate against the peak.
+  const auto& products = j["products"];
+  ASSERT_EQ(products["op_classes"], nlohmann::json({"attention", "conv", "linear"})) << j.dump();
+  double product_seconds = 0;
+  for (const char* op : {"attention", "conv", "linear"}) product_seconds += j["op_seconds"][op].get<double>();
+  EXPECT_NEAR(products["seconds_per_step"].get<double>(), product_seconds / 2, 1e-9 * product_seconds);
+  EXPECT_NEAR(products["share_of_peak"].get<double>(),
+              products["gflops_per_s"].get<double>() / j["gemm_peak_gflops"]["float32"].get<double>(), 1e-12);
   // Thousands of ops per step even for the tiny UNet, most frequent first.
   EXPECT_GT(j["ops_per_step"].get<double>(), 1000) << j.dump();
   const auto& frequent = j["top_ops_calls_per_step"];
@@ -130,6 +138,16 @@ TEST(BenchmarkE2E, LoraTrainingReportsItsRankAndFlops) {
   EXPECT_EQ(lines[0]["lora_rank"], 4);
   EXPECT_EQ(lines[0]["flops_per_step"].get<int64_t>(), 2 * tiny_forward_flops(1));
   EXPECT_GT(lines[0]["peak_rss_gib"].get<double>(), 0);
+  // The summary gives the products' own rate beside the step's MFU. (A LoRA run's frozen convolutions multiply as
+  // linear layers: no conv class.)
+  const auto& products = lines[0]["products"];
+  ASSERT_EQ(products["op_classes"], nlohmann::json({"attention", "linear"})) << r.output;
+  EXPECT_NE(r.output.find("sdtrain: products (attention, linear): "), std::string::npos) << r.output;
+  EXPECT_NE(
+      r.output.find(fmt::format("% of the step at {:.0f} GFLOP/s = {:.0f}% of the float32 GEMM peak",
+                                products["gflops_per_s"].get<double>(), 100 * products["share_of_peak"].get<double>())),
+      std::string::npos)
+      << r.output;
 }
 
 TEST(BenchmarkE2E, ShardedTrainingOnTwoRanksPrintsALinePerRank) {
