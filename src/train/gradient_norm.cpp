@@ -67,9 +67,8 @@ double sum_of_squares_avx512(const c10::BFloat16* x, int64_t begin, int64_t end)
 SD_END_TARGET
 
 double sum_of_squares(const c10::BFloat16* x, int64_t begin, int64_t end) {
-  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   if (kernel_vector_bits() == 512) return sum_of_squares_avx512(x, begin, end);
-  if (avx2) return sum_of_squares_avx2(x, begin, end);
+  if (cpu_has_avx2_fma()) return sum_of_squares_avx2(x, begin, end);
   double sum = 0;
   for (int64_t i = begin; i < end; ++i) sum += static_cast<double>(static_cast<float>(x[i])) * static_cast<float>(x[i]);
   return sum;
